@@ -1,0 +1,100 @@
+package checkpoint
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// GroupSize is the number of samples per rows_ directory, as SpecForge groups them.
+const GroupSize = 2000
+
+const (
+	dataPrefix = "data_"
+	dataSuffix = ".safetensors"
+	rowsPrefix = "rows_"
+	tmpSuffix  = ".tmp"
+)
+
+// OutputPath is where sample's output lives: <out>/rows_<g>-<g+2000>/data_<sample>.safetensors.
+func OutputPath(outputDir string, sample int) string {
+	g := sample / GroupSize * GroupSize
+	return filepath.Join(outputDir, fmt.Sprintf("%s%d-%d", rowsPrefix, g, g+GroupSize), dataPrefix+strconv.Itoa(sample)+dataSuffix)
+}
+
+// tempPath is the name an output is written under before its rename. It is hidden and
+// deterministic, so a retry overwrites a crashed attempt's file instead of leaving litter.
+func tempPath(final string) string {
+	return filepath.Join(filepath.Dir(final), "."+filepath.Base(final)+tmpSuffix)
+}
+
+// isTempName reports whether a file name inside a rows_ directory is a temp file.
+func isTempName(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, tmpSuffix)
+}
+
+// parseDataName returns the sample of "data_<n>.safetensors". Only the canonical
+// spelling counts, so that OutputPath of the result names the same file.
+func parseDataName(name string) (int, bool) {
+	digits, ok := strings.CutPrefix(name, dataPrefix)
+	if !ok {
+		return 0, false
+	}
+	digits, ok = strings.CutSuffix(digits, dataSuffix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	if err != nil || n < 0 || strconv.Itoa(n) != digits {
+		return 0, false
+	}
+	return n, true
+}
+
+// mkdirDurable creates dir and any missing parents, and fsyncs the parent of each
+// directory it creates: a rename into a new directory is only durable once the
+// directory's own entry is.
+func mkdirDurable(dir string) error {
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !os.IsNotExist(err) {
+			return fmt.Errorf("stat %s: %w", d, err)
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := syncDir(filepath.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory so that entries created or renamed in it survive a crash.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}

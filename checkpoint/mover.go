@@ -1,0 +1,388 @@
+package checkpoint
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/extract-dev/extract/checkpoint/safetensors"
+)
+
+// The names of dump protocol v1 and output layout v1.
+const (
+	protocolVersion = "1"
+	outputFormat    = "extract/v1"
+
+	tensorInputIDs = "input_ids"
+	tensorLossMask = "loss_mask"
+	tensorHidden   = "hidden_state"
+	tensorAux      = "aux_hidden_state"
+
+	// crcPlaceholder holds the crc32c's place in the header until the data is written;
+	// it has the width of the real value so that no offset moves when it is patched.
+	crcPlaceholder = "00000000"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Expect is what the orchestrator knows about the dump it waits for.
+type Expect struct {
+	Sample int
+	// RID is the current attempt's rid; the dump's __metadata__ rid must equal it.
+	RID string
+	// InputIDs is nil for a text sample: the dump's input_ids are then the truth.
+	InputIDs []int64
+	// LossMask nil means all ones; otherwise its length must equal the dump's tokens.
+	LossMask           []int64
+	DatasetFingerprint string
+	// HiddenSize 0 accepts any.
+	HiddenSize int
+}
+
+// Moved describes an output that Move made durable.
+type Moved struct {
+	Path        string
+	Bytes       int64
+	CRC32C      uint32
+	Tokens      int
+	Layers      string
+	Model       string
+	HookVersion string
+	Protocol    string
+}
+
+// DumpError means the dump itself is bad: the caller quarantines it and retries the
+// sample. Any other error from Move is about the output side or the context.
+type DumpError struct {
+	Path   string
+	Reason string
+}
+
+func (e *DumpError) Error() string { return fmt.Sprintf("dump %s: %s", e.Path, e.Reason) }
+
+// Mover validates dumps from the staging directory and streams them into the output layout.
+// Moves of different samples may run concurrently; two moves of one sample may not,
+// since they share the temp file.
+type Mover struct {
+	OutputDir string
+	// BufferSize is the copy chunk; 0 means 1 MiB. Memory use does not depend on dump size.
+	BufferSize int
+}
+
+// dump is a validated dump.
+type dump struct {
+	path                string
+	header              *safetensors.Header
+	ids, hidden, aux    safetensors.Tensor
+	tokens, hiddenSize  int64
+	layers, model, hook string
+}
+
+// Move validates the dump at dumpPath against want and writes the sample's output:
+// to a temp file, fsynced, renamed to OutputPath, directory fsynced. It leaves the dump
+// in place; the caller deletes it once the index commit is durable.
+func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, error) {
+	if err := ctx.Err(); err != nil {
+		return Moved{}, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
+	}
+	src, err := os.Open(dumpPath)
+	if err != nil {
+		return Moved{}, fmt.Errorf("sample %d: open dump: %w", want.Sample, err)
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return Moved{}, fmt.Errorf("sample %d: stat dump: %w", want.Sample, err)
+	}
+	size := m.BufferSize
+	if size <= 0 {
+		size = 1 << 20
+	}
+	// Whole int64s, so that input_ids compare chunk by chunk.
+	buf := make([]byte, max(size/8*8, 8))
+
+	d, err := checkDump(ctx, src, dumpPath, st.Size(), want, buf)
+	if err != nil {
+		if _, bad := errors.AsType[*DumpError](err); bad {
+			return Moved{}, err
+		}
+		return Moved{}, fmt.Errorf("sample %d: check dump %s: %w", want.Sample, dumpPath, err)
+	}
+	final := OutputPath(m.OutputDir, want.Sample)
+	if err := mkdirDurable(filepath.Dir(final)); err != nil {
+		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
+	}
+	n, sum, err := writeOutput(ctx, src, d, want, final, buf)
+	if err != nil {
+		return Moved{}, err
+	}
+	return Moved{
+		Path: final, Bytes: n, CRC32C: sum, Tokens: int(d.tokens),
+		Layers: d.layers, Model: d.model, HookVersion: d.hook, Protocol: protocolVersion,
+	}, nil
+}
+
+// checkDump applies every check of dump protocol v1 before anything is written, so a
+// bad dump never touches the output disk.
+func checkDump(ctx context.Context, src *os.File, path string, size int64, want Expect, buf []byte) (*dump, error) {
+	bad := func(format string, args ...any) error {
+		return &DumpError{Path: path, Reason: fmt.Sprintf(format, args...)}
+	}
+	h, err := safetensors.ReadHeader(src, size)
+	if err != nil {
+		return nil, bad("%v", err)
+	}
+	md := h.Metadata
+	if md["protocol"] != protocolVersion {
+		return nil, bad("protocol %q, want %q", md["protocol"], protocolVersion)
+	}
+	if md["rid"] != want.RID {
+		return nil, bad("rid %q is not the current attempt %q", md["rid"], want.RID)
+	}
+	if err := checkLayers(md["layers"]); err != nil {
+		return nil, bad("%v", err)
+	}
+	if len(h.Tensors) != 3 {
+		names := make([]string, len(h.Tensors))
+		for i, t := range h.Tensors {
+			names[i] = t.Name
+		}
+		return nil, bad("tensors %v, want exactly %s, %s, %s", names, tensorAux, tensorHidden, tensorInputIDs)
+	}
+	d := &dump{path: path, header: h, layers: md["layers"], model: md["model"], hook: md["hook_version"]}
+	if d.ids, err = tensorOf(h, tensorInputIDs, safetensors.I64, 1); err != nil {
+		return nil, bad("%v", err)
+	}
+	if d.hidden, err = tensorOf(h, tensorHidden, safetensors.BF16, 2); err != nil {
+		return nil, bad("%v", err)
+	}
+	if d.aux, err = tensorOf(h, tensorAux, safetensors.BF16, 2); err != nil {
+		return nil, bad("%v", err)
+	}
+	d.tokens, d.hiddenSize = d.ids.Shape[0], d.hidden.Shape[1]
+	switch {
+	case d.tokens < 1:
+		return nil, bad("no tokens")
+	case d.hiddenSize < 1:
+		return nil, bad("hidden size 0")
+	case want.HiddenSize > 0 && d.hiddenSize != int64(want.HiddenSize):
+		return nil, bad("hidden size %d, want %d", d.hiddenSize, want.HiddenSize)
+	case d.hidden.Shape[0] != d.tokens:
+		return nil, bad("%s has %d rows, %s has %d tokens", tensorHidden, d.hidden.Shape[0], tensorInputIDs, d.tokens)
+	case d.aux.Shape[0] != d.tokens || d.aux.Shape[1] != 3*d.hiddenSize:
+		return nil, bad("%s shape %v, want [%d %d]", tensorAux, d.aux.Shape, d.tokens, 3*d.hiddenSize)
+	case want.InputIDs != nil && int64(len(want.InputIDs)) != d.tokens:
+		return nil, bad("server saw %d tokens, dataset sample %d has %d", d.tokens, want.Sample, len(want.InputIDs))
+	case want.LossMask != nil && int64(len(want.LossMask)) != d.tokens:
+		return nil, bad("loss_mask has %d entries, dump has %d tokens", len(want.LossMask), d.tokens)
+	}
+	if want.InputIDs != nil {
+		if err := compareIDs(ctx, src, path, h.DataStart+d.ids.Begin, want.InputIDs, buf); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// checkLayers requires the three captured layer ids that aux_hidden_state concatenates.
+func checkLayers(s string) error {
+	if s == "" {
+		return errors.New("metadata has no layers")
+	}
+	parts := strings.Split(s, ",")
+	if len(parts) != 3 {
+		return fmt.Errorf("layers %q: want 3 comma-separated layer ids", s)
+	}
+	for _, p := range parts {
+		if n, err := strconv.Atoi(p); err != nil || n < 0 {
+			return fmt.Errorf("layers %q: %q is not a layer id", s, p)
+		}
+	}
+	return nil
+}
+
+// tensorOf returns the named tensor after checking its dtype and rank.
+func tensorOf(h *safetensors.Header, name string, dt safetensors.DType, rank int) (safetensors.Tensor, error) {
+	t, ok := h.Tensor(name)
+	if !ok {
+		return t, fmt.Errorf("no tensor %s", name)
+	}
+	if t.DType != dt {
+		return t, fmt.Errorf("tensor %s is %s, want %s", name, t.DType, dt)
+	}
+	if len(t.Shape) != rank {
+		return t, fmt.Errorf("tensor %s has shape %v, want rank %d", name, t.Shape, rank)
+	}
+	return t, nil
+}
+
+// compareIDs checks the dump's input_ids against the dataset's in chunks, naming the
+// first position that differs.
+func compareIDs(ctx context.Context, src io.ReaderAt, path string, off int64, want []int64, buf []byte) error {
+	for pos := 0; pos < len(want); {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(len(want)-pos, len(buf)/8)
+		chunk := buf[:n*8]
+		if _, err := src.ReadAt(chunk, off+int64(pos)*8); err != nil {
+			return &DumpError{Path: path, Reason: fmt.Sprintf("read %s: %v", tensorInputIDs, err)}
+		}
+		for i := range n {
+			if got := int64(binary.LittleEndian.Uint64(chunk[i*8:])); got != want[pos+i] {
+				return &DumpError{Path: path, Reason: fmt.Sprintf("%s differ from the dataset at position %d: server saw %d, dataset has %d", tensorInputIDs, pos+i, got, want[pos+i])}
+			}
+		}
+		pos += n
+	}
+	return nil
+}
+
+// writeOutput streams the output through its temp file in one pass and renames it into
+// place. On any error the temp file is removed: a full disk leaves nothing behind.
+func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final string, buf []byte) (size int64, sum uint32, err error) {
+	tmp := tempPath(final)
+	T, H := d.tokens, d.hiddenSize
+	hdr, _, err := safetensors.EncodeHeader([]safetensors.Spec{
+		{Name: tensorInputIDs, DType: safetensors.I64, Shape: []int64{T}},
+		{Name: tensorLossMask, DType: safetensors.I64, Shape: []int64{T}},
+		{Name: tensorHidden, DType: safetensors.BF16, Shape: []int64{T, H}},
+		{Name: tensorAux, DType: safetensors.BF16, Shape: []int64{T, 3 * H}},
+	}, map[string]string{
+		"format":              outputFormat,
+		"sample":              strconv.Itoa(want.Sample),
+		"rid":                 want.RID,
+		"dataset_fingerprint": want.DatasetFingerprint,
+		"layers":              d.layers,
+		"model":               d.model,
+		"hook_version":        d.hook,
+		"protocol":            protocolVersion,
+		"tokens":              strconv.FormatInt(T, 10),
+		"crc32c":              crcPlaceholder,
+	})
+	if err != nil {
+		return 0, 0, fmt.Errorf("sample %d: encode output header: %w", want.Sample, err)
+	}
+	// JSON escapes quotes inside values, so this byte sequence can only be the key itself.
+	crcAt := bytes.Index(hdr, []byte(`"crc32c":"`+crcPlaceholder+`"`)) + len(`"crc32c":"`)
+
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return 0, 0, fmt.Errorf("sample %d: create %s: %w", want.Sample, tmp, err)
+	}
+	renamed := false
+	defer func() {
+		if !renamed {
+			_ = f.Close()
+			_ = os.Remove(tmp)
+		}
+	}()
+	fail := func(what string, err error) (int64, uint32, error) {
+		return 0, 0, fmt.Errorf("sample %d: %s %s: %w", want.Sample, what, tmp, err)
+	}
+
+	if _, err := f.Write(hdr); err != nil {
+		return fail("write header to", err)
+	}
+	crc := crc32.New(castagnoli)
+	out := &hashWriter{f: f, h: crc}
+	dataStart := d.header.DataStart
+	for _, step := range []func() error{
+		func() error { return copyTensor(ctx, out, src, d, dataStart+d.ids.Begin, d.ids.Len(), buf) },
+		func() error { return writeLossMask(ctx, out, want.LossMask, T, buf) },
+		func() error { return copyTensor(ctx, out, src, d, dataStart+d.hidden.Begin, d.hidden.Len(), buf) },
+		func() error { return copyTensor(ctx, out, src, d, dataStart+d.aux.Begin, d.aux.Len(), buf) },
+	} {
+		if err := step(); err != nil {
+			if _, bad := errors.AsType[*DumpError](err); bad {
+				return 0, 0, err
+			}
+			return fail("write", err)
+		}
+	}
+	sum = crc.Sum32()
+	if _, err := f.WriteAt([]byte(fmt.Sprintf("%08x", sum)), int64(crcAt)); err != nil {
+		return fail("patch crc32c in", err)
+	}
+	if err := f.Sync(); err != nil {
+		return fail("fsync", err)
+	}
+	if err := f.Close(); err != nil {
+		return fail("close", err)
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		return fail("rename", err)
+	}
+	renamed = true
+	// The file under its final name is complete either way; without a durable directory
+	// entry the caller must not commit, and its retry overwrites the file.
+	if err := syncDir(filepath.Dir(final)); err != nil {
+		return 0, 0, fmt.Errorf("sample %d: %w", want.Sample, err)
+	}
+	return int64(len(hdr)) + out.n, sum, nil
+}
+
+// hashWriter writes to the output file and hashes what was written, counting bytes.
+type hashWriter struct {
+	f *os.File
+	h hash.Hash32
+	n int64
+}
+
+func (w *hashWriter) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.h.Write(p[:n])
+	w.n += int64(n)
+	return n, err
+}
+
+// copyTensor copies exactly n bytes of the dump from off, checking ctx between chunks.
+// A short read means the dump changed under us, which makes it a bad dump.
+func copyTensor(ctx context.Context, w io.Writer, src io.ReaderAt, d *dump, off, n int64, buf []byte) error {
+	for n > 0 {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		chunk := buf[:min(n, int64(len(buf)))]
+		if _, err := src.ReadAt(chunk, off); err != nil {
+			return &DumpError{Path: d.path, Reason: fmt.Sprintf("read at %d: %v", off, err)}
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return err
+		}
+		off += int64(len(chunk))
+		n -= int64(len(chunk))
+	}
+	return nil
+}
+
+// writeLossMask writes the dataset's loss mask, or T ones, as little-endian int64.
+func writeLossMask(ctx context.Context, w io.Writer, mask []int64, T int64, buf []byte) error {
+	per := int64(len(buf) / 8)
+	for pos := int64(0); pos < T; pos += per {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		n := min(per, T-pos)
+		for i := range n {
+			v := int64(1)
+			if mask != nil {
+				v = mask[pos+i]
+			}
+			binary.LittleEndian.PutUint64(buf[i*8:], uint64(v))
+		}
+		if _, err := w.Write(buf[:n*8]); err != nil {
+			return err
+		}
+	}
+	return nil
+}

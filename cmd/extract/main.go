@@ -1,0 +1,114 @@
+// Command extract runs an EAGLE-3 hidden-state extraction job end to end: it supervises
+// the SGLang server, moves its dumps to disk, and resumes exactly after any crash.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+// Exit codes of the CLI contract.
+const (
+	exitOK        = 0
+	exitFailed    = 1
+	exitUsage     = 2
+	exitPreflight = 3
+	exitTempFail  = 75
+)
+
+// usageError marks a mistake on the command line (exit 2).
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	// The first signal starts a graceful stop; a second one kills at once.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	root := newRootCmd()
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "extract:", err)
+	}
+	os.Exit(exitCode(err))
+}
+
+func exitCode(err error) int {
+	var ue usageError
+	var ec exitCodeError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ec):
+		return ec.code
+	case errors.As(err, &ue), errors.Is(err, configs.ErrInvalid), errors.Is(err, orchestrator.ErrBadDataset), errors.Is(err, orchestrator.ErrRefused):
+		return exitUsage
+	case errors.Is(err, orchestrator.ErrPreflight):
+		return exitPreflight
+	case errors.Is(err, orchestrator.ErrTemporary):
+		return exitTempFail
+	}
+	return exitFailed
+}
+
+// exitCodeError carries a specific exit code with its message.
+type exitCodeError struct {
+	code int
+	err  error
+}
+
+func (e exitCodeError) Error() string { return e.err.Error() }
+func (e exitCodeError) Unwrap() error { return e.err }
+
+func newRootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "extract",
+		Short:         "Crash-safe hidden-state extraction for EAGLE-3 training",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
+	})
+	root.AddCommand(newRunCmd(), newStatusCmd(), newVerifyCmd(), newSimulateCmd())
+	return root
+}
+
+// configFlags are the flags every command that reads the config shares.
+type configFlags struct {
+	file string
+}
+
+func (f *configFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.file, "config", "c", os.Getenv("EXTRACT_CONFIG"), "config file (YAML); env EXTRACT_CONFIG")
+	cmd.Flags().String("dataset", "", "dataset JSONL (config key dataset)")
+	cmd.Flags().String("output-dir", "", "output directory (config key output_dir)")
+	cmd.Flags().String("state-dir", "", "state directory (config key state_dir; default <output_dir>/.extract)")
+	cmd.Flags().String("shm-dir", "", "staging directory on tmpfs (config key shm_dir)")
+	cmd.Flags().String("status-listen", "", "host:port of the live status and metrics endpoint (config key status.listen)")
+}
+
+func (f *configFlags) load(cmd *cobra.Command) (*configs.Config, error) {
+	var bound []configs.Flag
+	for key, name := range map[string]string{
+		"dataset": "dataset", "output_dir": "output-dir", "state_dir": "state-dir",
+		"shm_dir": "shm-dir", "status.listen": "status-listen",
+	} {
+		if fl := cmd.Flags().Lookup(name); fl != nil && fl.Changed {
+			bound = append(bound, configs.Flag{Key: key, Flag: fl})
+		}
+	}
+	return configs.Load(f.file, bound)
+}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/extract-dev/extract/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+func newRunCmd() *cobra.Command {
+	var cf configFlags
+	var opt orchestrator.RunOptions
+	cmd := &cobra.Command{
+		Use:   "run [--config F] [--resume | --fresh]",
+		Short: "Run the extraction job (or continue it with --resume)",
+		Long: `Run the extraction job. Exit codes: 0 finished, already complete, or another run
+holds the lock; 1 failed; 2 bad config or usage; 3 preflight refused; 75 temporary
+failure worth a retry (cron).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runRun(cmd, &cf, opt)
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().BoolVar(&opt.Resume, "resume", false, "continue the job recorded in the index (starts it when there is none)")
+	cmd.Flags().BoolVar(&opt.Fresh, "fresh", false, "discard the index's progress and start over")
+	cmd.MarkFlagsMutuallyExclusive("resume", "fresh")
+	return cmd
+}
+
+func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) error {
+	cfg, err := cf.load(cmd)
+	if err != nil {
+		return err
+	}
+	log, closeLog, err := newLogger(cfg, cmd.ErrOrStderr())
+	if err != nil {
+		return err
+	}
+	defer closeLog()
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	opt.Executable, opt.Log = exe, log
+	res, err := orchestrator.Run(cmd.Context(), cfg, opt)
+	out := cmd.OutOrStdout()
+	if err != nil {
+		if errors.Is(err, orchestrator.ErrBadDataset) || errors.Is(err, orchestrator.ErrRefused) {
+			return err
+		}
+		log.Error("run ended with an error", "err", err, "done", res.Done, "total", res.Total)
+		return err
+	}
+	switch res.Outcome {
+	case orchestrator.AlreadyRunning:
+		fmt.Fprintf(out, "another extract run is already running (pid %d); nothing to do\n", res.HolderPID)
+	case orchestrator.AlreadyComplete:
+		fmt.Fprintf(out, "job already complete: %d samples in %s\n", res.Done, res.OutputDir)
+	case orchestrator.Stopped:
+		fmt.Fprintf(out, "stopped: %d of %d samples done; continue with `extract run --resume`\n", res.Done, res.Total)
+		return exitCodeError{code: exitTempFail, err: errors.New("stopped before the job finished")}
+	case orchestrator.Finished:
+		fmt.Fprintf(out, "done: %d samples, %d bytes in %s (%s)\n", res.Done, res.Bytes, res.OutputDir, res.Elapsed.Round(1e6))
+	}
+	return nil
+}

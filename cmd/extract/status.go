@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+func newStatusCmd() *cobra.Command {
+	var cf configFlags
+	var asJSON bool
+	var watch time.Duration
+	cmd := &cobra.Command{
+		Use:   "status [--config F] [--json]",
+		Short: "Show the job's progress: live from the running process, else from the index",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runStatus(cmd, &cf, asJSON, watch)
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
+	return cmd
+}
+
+func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Duration) error {
+	cfg, err := cf.load(cmd)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	for {
+		st, err := orchestrator.QueryStatus(cmd.Context(), cfg)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			enc := json.NewEncoder(out)
+			enc.SetIndent("", "  ")
+			if err := enc.Encode(st); err != nil {
+				return err
+			}
+		} else {
+			if watch > 0 {
+				fmt.Fprint(out, "\033[H\033[2J")
+			}
+			printStatus(out, st)
+		}
+		if watch <= 0 {
+			return nil
+		}
+		select {
+		case <-cmd.Context().Done():
+			return nil
+		case <-time.After(watch):
+		}
+	}
+}
+
+func printStatus(w io.Writer, st orchestrator.Status) {
+	pct := 0.0
+	if st.Total > 0 {
+		pct = 100 * float64(st.Done) / float64(st.Total)
+	}
+	fmt.Fprintf(w, "state:     %s (%s", st.State, st.Source)
+	if st.PID > 0 {
+		fmt.Fprintf(w, ", pid %d", st.PID)
+	}
+	fmt.Fprintln(w, ")")
+	fmt.Fprintf(w, "progress:  %d / %d samples (%.1f%%), %d failed, %d pending, %d in flight\n", st.Done, st.Total, pct, st.Failed, st.Pending, st.Inflight)
+	fmt.Fprintf(w, "written:   %s\n", configs.ByteSize(st.BytesWritten))
+	if st.State == "running" {
+		eta := "unknown"
+		if st.ETASeconds >= 0 {
+			eta = (time.Duration(st.ETASeconds) * time.Second).String()
+		}
+		fmt.Fprintf(w, "rate:      %.2f samples/s, %.0f tokens/s, %s/s; ETA %s\n", st.SamplesPerSecond, st.TokensPerSecond, configs.ByteSize(st.BytesPerSecond), eta)
+		fmt.Fprintf(w, "server:    %s (pid %d, adopted %v, restarts %d)\n", st.Server.State, st.Server.PID, st.Server.Adopted, st.Server.Restarts)
+	}
+	if len(st.Paused) > 0 {
+		fmt.Fprintf(w, "paused:    %s\n", strings.Join(st.Paused, "; "))
+	}
+	for reason, n := range st.Rejected {
+		fmt.Fprintf(w, "rejected:  %d %s\n", n, reason)
+	}
+	fmt.Fprintf(w, "output:    %s\n", st.OutputDir)
+}

@@ -1,0 +1,344 @@
+// Package configs defines the job's configuration, loads it from YAML, EXTRACT_* env and
+// flags (viper), and ships the demo and production configs as files beside it.
+package configs
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// ErrInvalid marks a configuration the user must fix (exit 2).
+var ErrInvalid = errors.New("invalid config")
+
+// Config is one extraction job. Every key is settable in YAML, by env EXTRACT_<KEY>
+// (nested keys joined with _) and, for the common ones, by flags.
+type Config struct {
+	Dataset   string   `mapstructure:"dataset"`
+	OutputDir string   `mapstructure:"output_dir"`
+	StateDir  string   `mapstructure:"state_dir"` // default <output_dir>/.extract
+	ShmDir    string   `mapstructure:"shm_dir"`
+	ShmBudget ByteSize `mapstructure:"shm_budget"` // 0: half of the staging filesystem
+	Server    Server   `mapstructure:"server"`
+	Run       Run      `mapstructure:"run"`
+	Disk      Disk     `mapstructure:"disk"`
+	Status    Status   `mapstructure:"status"`
+	Log       Log      `mapstructure:"log"`
+}
+
+// Server describes the SGLang server (or the simulator standing in for it).
+type Server struct {
+	Kind           string            `mapstructure:"kind"` // sglang | simulator
+	Host           string            `mapstructure:"host"`
+	Port           int               `mapstructure:"port"`
+	ModelPath      string            `mapstructure:"model_path"`
+	TPSize         int               `mapstructure:"tp_size"`
+	GPUs           []int             `mapstructure:"gpus"`
+	MemFraction    float64           `mapstructure:"mem_fraction"`
+	ExtraArgs      []string          `mapstructure:"extra_args"`
+	Env            map[string]string `mapstructure:"env"`
+	Python         string            `mapstructure:"python"`
+	NumLayers      int               `mapstructure:"num_layers"`
+	HiddenSize     int               `mapstructure:"hidden_size"`
+	Layers         []int             `mapstructure:"layers"` // effective layers_to_capture
+	MaxNewTokens   int               `mapstructure:"max_new_tokens"`
+	StartupTimeout time.Duration     `mapstructure:"startup_timeout"`
+	Simulator      Simulator         `mapstructure:"simulator"`
+}
+
+// Simulator configures the embedded SGLang simulator (server.kind: simulator).
+type Simulator struct {
+	TokensPerSecond float64       `mapstructure:"tokens_per_second"`
+	HiddenSize      int           `mapstructure:"hidden_size"`
+	StartupDelay    time.Duration `mapstructure:"startup_delay"`
+	ExitAfter       int           `mapstructure:"exit_after"`
+	HangAfter       int           `mapstructure:"hang_after"`
+	Fail503Every    int           `mapstructure:"fail_503_every"`
+	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
+}
+
+// Run tunes the pipeline.
+type Run struct {
+	MaxInflight    int           `mapstructure:"max_inflight"`
+	MaxAttempts    int           `mapstructure:"max_attempts"`
+	DumpTimeout    time.Duration `mapstructure:"dump_timeout"`
+	RequestTimeout time.Duration `mapstructure:"request_timeout"`
+	RequestRetries int           `mapstructure:"request_retries"`
+	Movers         int           `mapstructure:"movers"`
+	DrainTimeout   time.Duration `mapstructure:"drain_timeout"`
+}
+
+// Disk guards the output disk.
+type Disk struct {
+	Reserve ByteSize `mapstructure:"reserve"` // bytes kept free on the output disk
+}
+
+// Status configures the live status and metrics endpoint.
+type Status struct {
+	Listen string `mapstructure:"listen"`
+}
+
+// Log configures logging.
+type Log struct {
+	Level string `mapstructure:"level"`
+}
+
+// Default is the configuration before any file, env or flag is applied.
+func Default() Config {
+	return Config{
+		ShmDir: "/dev/shm/sglang_hs",
+		Server: Server{
+			Kind:           "sglang",
+			Host:           "127.0.0.1",
+			Port:           30000,
+			TPSize:         1,
+			Python:         "python3",
+			NumLayers:      61,
+			HiddenSize:     7168,
+			Layers:         []int{2, 30, 58},
+			MaxNewTokens:   1,
+			StartupTimeout: 40 * time.Minute,
+			Simulator:      Simulator{HiddenSize: 64},
+		},
+		Run: Run{
+			MaxInflight:    32,
+			MaxAttempts:    5,
+			DumpTimeout:    5 * time.Minute,
+			RequestTimeout: 30 * time.Minute,
+			RequestRetries: 4,
+			Movers:         4,
+			DrainTimeout:   2 * time.Minute,
+		},
+		Disk:   Disk{Reserve: 1 << 30},
+		Status: Status{Listen: "127.0.0.1:0"},
+		Log:    Log{Level: "info"},
+	}
+}
+
+// Flag binds a command-line flag to a config key.
+type Flag struct {
+	Key  string
+	Flag *pflag.Flag
+}
+
+// Load reads the config file (if any), then EXTRACT_* env, then the given flags, validates
+// the result and makes its paths absolute. Relative paths from the file resolve against
+// the file's folder; those from env or flags against the working directory.
+func Load(file string, flags []Flag) (*Config, error) {
+	v := viper.New()
+	v.SetEnvPrefix("EXTRACT")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	v.AutomaticEnv()
+	// Without a default, viper's Unmarshal never sees a key that only env sets.
+	for key, val := range flatten(Default()) {
+		v.SetDefault(key, val)
+	}
+	if file != "" {
+		v.SetConfigFile(file)
+		if err := v.ReadInConfig(); err != nil {
+			return nil, fmt.Errorf("%w: read %s: %v", ErrInvalid, file, err)
+		}
+	}
+	for _, f := range flags {
+		if err := v.BindPFlag(f.Key, f.Flag); err != nil {
+			return nil, fmt.Errorf("bind flag --%s: %w", f.Flag.Name, err)
+		}
+	}
+	var c Config
+	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
+		mapstructure.StringToTimeDurationHookFunc(),
+		mapstructure.StringToWeakSliceHookFunc(","),
+		byteSizeHook,
+	)))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
+	}
+	base := ""
+	if file != "" {
+		abs, err := filepath.Abs(file)
+		if err != nil {
+			return nil, err
+		}
+		base = filepath.Dir(abs)
+	}
+	for key, p := range map[string]*string{
+		"dataset": &c.Dataset, "output_dir": &c.OutputDir, "state_dir": &c.StateDir,
+		"shm_dir": &c.ShmDir, "server.model_path": &c.Server.ModelPath,
+	} {
+		*p = resolve(*p, base, fromFile(v, key, flags))
+	}
+	if c.StateDir == "" && c.OutputDir != "" {
+		c.StateDir = filepath.Join(c.OutputDir, ".extract")
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
+	}
+	return &c, nil
+}
+
+func describe(file string) string {
+	if file == "" {
+		return "config from env and flags"
+	}
+	return file
+}
+
+// fromFile says whether key's value came from the config file rather than env or a flag.
+func fromFile(v *viper.Viper, key string, flags []Flag) bool {
+	if _, ok := os.LookupEnv(EnvName(key)); ok {
+		return false
+	}
+	for _, f := range flags {
+		if f.Key == key && f.Flag.Changed {
+			return false
+		}
+	}
+	return v.InConfig(key)
+}
+
+// EnvName is the environment variable that overrides key.
+func EnvName(key string) string {
+	return "EXTRACT_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+func resolve(p, base string, inFile bool) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	if inFile && base != "" {
+		return filepath.Join(base, p)
+	}
+	abs, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return abs
+}
+
+// Validate checks values that decoding cannot; each problem names its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	if c.Dataset == "" {
+		bad("dataset", "required (path to a JSONL file; env %s)", EnvName("dataset"))
+	}
+	if c.OutputDir == "" {
+		bad("output_dir", "required (env %s)", EnvName("output_dir"))
+	}
+	if c.ShmDir == "" {
+		bad("shm_dir", "required")
+	}
+	switch c.Server.Kind {
+	case "sglang":
+		if c.Server.ModelPath == "" {
+			bad("server.model_path", "required when server.kind is sglang")
+		}
+		if c.Server.HiddenSize < 1 {
+			bad("server.hidden_size", "must be ≥ 1, got %d", c.Server.HiddenSize)
+		}
+		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
+			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
+		}
+	case "simulator":
+		if c.Server.Simulator.HiddenSize < 1 {
+			bad("server.simulator.hidden_size", "must be ≥ 1, got %d", c.Server.Simulator.HiddenSize)
+		}
+		if c.Server.Simulator.TokensPerSecond < 0 {
+			bad("server.simulator.tokens_per_second", "must be ≥ 0 (0 = as fast as possible)")
+		}
+	default:
+		bad("server.kind", "must be sglang or simulator, got %q", c.Server.Kind)
+	}
+	if c.Server.Port < 1 || c.Server.Port > 65535 {
+		bad("server.port", "must be 1..65535, got %d", c.Server.Port)
+	}
+	if c.Server.TPSize < 1 {
+		bad("server.tp_size", "must be ≥ 1")
+	}
+	if len(c.Server.Layers) != 3 {
+		bad("server.layers", "must list the 3 captured layers (effective layers_to_capture), got %v", c.Server.Layers)
+	}
+	for _, l := range c.Server.Layers {
+		if l < 0 || l > c.Server.NumLayers {
+			bad("server.layers", "layer %d outside 0..%d (server.num_layers)", l, c.Server.NumLayers)
+		}
+	}
+	if c.Run.MaxInflight < 1 {
+		bad("run.max_inflight", "must be ≥ 1")
+	}
+	if c.Run.MaxAttempts < 1 {
+		bad("run.max_attempts", "must be ≥ 1")
+	}
+	if c.Run.Movers < 1 {
+		bad("run.movers", "must be ≥ 1")
+	}
+	for key, d := range map[string]time.Duration{"run.dump_timeout": c.Run.DumpTimeout, "run.request_timeout": c.Run.RequestTimeout, "server.startup_timeout": c.Server.StartupTimeout} {
+		if d <= 0 {
+			bad(key, "must be a positive duration (e.g. 5m)")
+		}
+	}
+	if c.Status.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Status.Listen); err != nil {
+			bad("status.listen", "want host:port: %v", err)
+		}
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		bad("log.level", "must be debug, info, warn or error")
+	}
+	return errors.Join(errs...)
+}
+
+// HiddenSize is the width of the dumps this job expects.
+func (c *Config) HiddenSize() int {
+	if c.Server.Kind == "simulator" {
+		return c.Server.Simulator.HiddenSize
+	}
+	return c.Server.HiddenSize
+}
+
+// BytesPerToken is the size of one token's row in a dump: 3 captured layers and the
+// final one in bf16, plus its int64 input id.
+func (c *Config) BytesPerToken() int64 { return int64(4*c.HiddenSize())*2 + 8 }
+
+// Fingerprint covers what shapes the output files, so resuming a job with a different
+// model, width or layer set is caught instead of mixing files.
+func (c *Config) Fingerprint() string {
+	h := sha256.New()
+	fmt.Fprintf(h, "kind=%s\nmodel=%s\nhidden=%d\nlayers=%v\n", c.Server.Kind, c.Server.ModelPath, c.HiddenSize(), c.Server.Layers)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// flatten lists every leaf key of a Config with its value, by mapstructure tag.
+func flatten(c Config) map[string]any {
+	out := map[string]any{}
+	var walk func(prefix string, v reflect.Value)
+	walk = func(prefix string, v reflect.Value) {
+		t := v.Type()
+		for i := 0; i < t.NumField(); i++ {
+			key := prefix + t.Field(i).Tag.Get("mapstructure")
+			f := v.Field(i)
+			if f.Kind() == reflect.Struct {
+				walk(key+".", f)
+				continue
+			}
+			out[key] = f.Interface()
+		}
+	}
+	walk("", reflect.ValueOf(c))
+	return out
+}

@@ -1,0 +1,152 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+)
+
+// Errors that map to the CLI's exit codes.
+var (
+	// ErrRefused: the job cannot start as asked; the message says what to do (exit 2).
+	ErrRefused = errors.New("refused")
+	// ErrPreflight: the node is not fit to run (exit 3).
+	ErrPreflight = errors.New("preflight failed")
+	// ErrTemporary: worth a retry later, e.g. by cron (exit 75).
+	ErrTemporary = errors.New("temporary failure")
+)
+
+// Outcome says how a run ended without error.
+type Outcome int
+
+// The outcomes of a run that returns no error.
+const (
+	Finished Outcome = iota
+	AlreadyComplete
+	AlreadyRunning
+	Stopped
+)
+
+// RunOptions are the run command's choices.
+type RunOptions struct {
+	Resume bool
+	Fresh  bool
+	// Executable is this binary, launched as the simulator for server.kind simulator.
+	Executable string
+	Log        *slog.Logger
+	// OnStatus, when set, is called with each status snapshot (about once a second).
+	OnStatus func(Status)
+}
+
+// Result describes a finished run.
+type Result struct {
+	Outcome   Outcome
+	HolderPID int // AlreadyRunning: who holds the lock
+	Total     int
+	Done      int
+	Failed    int
+	Bytes     int64
+	OutputDir string
+	Elapsed   time.Duration
+}
+
+// Run runs the job to completion or until ctx is cancelled (a graceful stop).
+func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, error) {
+	res := Result{OutputDir: cfg.OutputDir}
+	if opt.Resume && opt.Fresh {
+		return res, fmt.Errorf("%w: --resume and --fresh exclude each other", ErrRefused)
+	}
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	// A cron-started run must leave at once when another holds the lock, before it reads
+	// a large dataset.
+	if pid, held := LockHolder(cfg.StateDir); held {
+		return Result{Outcome: AlreadyRunning, HolderPID: pid, OutputDir: cfg.OutputDir}, nil
+	}
+	ds, err := OpenDataset(cfg.Dataset)
+	if err != nil {
+		return res, err
+	}
+	defer ds.Close()
+	res.Total = ds.Len()
+	for _, dir := range []string{cfg.OutputDir, cfg.StateDir} {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return res, fmt.Errorf("create %s: %w", dir, err)
+		}
+	}
+	lock, err := AcquireLock(cfg.StateDir)
+	var held *HeldError
+	if errors.As(err, &held) {
+		return Result{Outcome: AlreadyRunning, HolderPID: held.PID, OutputDir: cfg.OutputDir}, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	defer lock.Release()
+
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{Timeout: 2 * time.Second})
+	if err != nil {
+		return res, err
+	}
+	defer ix.Close()
+	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
+		return res, err
+	}
+	j, err := newJob(cfg, opt, ds, ix)
+	if err != nil {
+		return res, err
+	}
+	return j.run(ctx)
+}
+
+// prepareIndex makes the index describe this job: a new index is initialised; one with
+// progress is continued only with --resume and only for the same dataset and config.
+func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt RunOptions) error {
+	want := checkpoint.Meta{
+		DatasetFingerprint: ds.Fingerprint,
+		DatasetPath:        ds.Path,
+		ConfigFingerprint:  cfg.Fingerprint(),
+		Total:              ds.Len(),
+		Created:            time.Now().UTC(),
+	}
+	meta, ok, err := ix.Meta()
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ix.Init(want)
+	}
+	if opt.Fresh {
+		opt.Log.Warn("starting over (--fresh): index reset; existing output files will be overwritten", "index", ix.Path())
+		return ix.Reset(want)
+	}
+	c, err := ix.Counters()
+	if err != nil {
+		return err
+	}
+	progress := c.Done+c.Failed > 0
+	if !progress {
+		// Nothing of the old job survives in the index: adopt the new definition.
+		return ix.Reset(want)
+	}
+	if !opt.Resume {
+		return fmt.Errorf("%w: %s already has progress (%d of %d samples done); run `extract run --resume` to continue it, or `extract run --fresh` to start over", ErrRefused, ix.Path(), c.Done, meta.Total)
+	}
+	if meta.DatasetFingerprint != ds.Fingerprint {
+		return fmt.Errorf("%w: dataset %s is not the one this job was started with (%s, %d samples, sha256 %.12s…; now %d samples, sha256 %.12s…): resuming would mix outputs; point `dataset` back at the original, or start over with --fresh",
+			ErrRefused, ds.Path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, ds.Len(), ds.Fingerprint)
+	}
+	if meta.ConfigFingerprint != cfg.Fingerprint() {
+		return fmt.Errorf("%w: the model, hidden size or captured layers differ from the ones this job was started with (config fingerprint %s, now %s): resuming would mix outputs; restore them, or start over with --fresh",
+			ErrRefused, meta.ConfigFingerprint, cfg.Fingerprint())
+	}
+	return nil
+}

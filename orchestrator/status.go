@@ -1,0 +1,253 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Status is what `extract status` shows, live from the running process or from the index.
+type Status struct {
+	State            string           `json:"state"`  // running | stopped | complete
+	Source           string           `json:"source"` // live | snapshot | index
+	PID              int              `json:"pid,omitempty"`
+	Total            int              `json:"total"`
+	Done             int              `json:"done"`
+	Failed           int              `json:"failed"`
+	Pending          int              `json:"pending"`
+	Inflight         int              `json:"inflight"`
+	BytesWritten     int64            `json:"bytes_written"`
+	SamplesPerSecond float64          `json:"samples_per_second"`
+	TokensPerSecond  float64          `json:"tokens_per_second"`
+	BytesPerSecond   float64          `json:"bytes_per_second"`
+	ETASeconds       float64          `json:"eta_seconds"` // -1 when unknown
+	Paused           []string         `json:"paused"`
+	Server           ServerStatus     `json:"server"`
+	Rejected         map[string]int64 `json:"rejected"`
+	Dataset          string           `json:"dataset"`
+	OutputDir        string           `json:"output_dir"`
+	StartedAt        *time.Time       `json:"started_at,omitempty"`
+	UpdatedAt        time.Time        `json:"updated_at"`
+}
+
+// ServerStatus describes the server the run drives.
+type ServerStatus struct {
+	State    string `json:"state"` // starting | ready | restarting | stopped
+	PID      int    `json:"pid,omitempty"`
+	Adopted  bool   `json:"adopted"`
+	Restarts int    `json:"restarts"`
+}
+
+// rateWindow is the span over which live rates are measured.
+const rateWindow = 2 * time.Minute
+
+// rateTracker turns cumulative counts into rates over the recent window.
+type rateTracker struct {
+	points []ratePoint
+}
+
+type ratePoint struct {
+	at                    time.Time
+	samples, tokens, byts int64
+}
+
+func (r *rateTracker) add(p ratePoint) {
+	r.points = append(r.points, p)
+	cut := 0
+	for cut < len(r.points)-2 && p.at.Sub(r.points[cut].at) > rateWindow {
+		cut++
+	}
+	r.points = r.points[cut:]
+}
+
+// rates is samples, tokens and bytes per second over the window.
+func (r *rateTracker) rates() (float64, float64, float64) {
+	if len(r.points) < 2 {
+		return 0, 0, 0
+	}
+	a, b := r.points[0], r.points[len(r.points)-1]
+	dt := b.at.Sub(a.at).Seconds()
+	if dt <= 0 {
+		return 0, 0, 0
+	}
+	return float64(b.samples-a.samples) / dt, float64(b.tokens-a.tokens) / dt, float64(b.byts-a.byts) / dt
+}
+
+// metrics are the Prometheus series of one run.
+type metrics struct {
+	reg          *prometheus.Registry
+	total        prometheus.Gauge
+	done         prometheus.Gauge
+	failed       prometheus.Gauge
+	inflight     prometheus.Gauge
+	bytesWritten prometheus.Gauge
+	rejected     *prometheus.CounterVec
+	paused       *prometheus.GaugeVec
+	moveSeconds  prometheus.Histogram
+	restarts     prometheus.Counter
+	shmBytes     prometheus.Gauge
+	diskFree     prometheus.Gauge
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		reg:          prometheus.NewRegistry(),
+		total:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_total", Help: "Samples in the dataset."}),
+		done:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_done", Help: "Samples whose output is durable and indexed."}),
+		failed:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_failed", Help: "Samples that failed every attempt in this job."}),
+		inflight:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_inflight", Help: "Samples sent to the server and not yet done."}),
+		bytesWritten: prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_bytes", Help: "Bytes of output files written by the job."}),
+		rejected:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extract_dumps_rejected_total", Help: "Dumps not accepted, by reason."}, []string{"reason"}),
+		paused:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_admission_paused", Help: "1 while admission is paused for this reason."}, []string{"reason"}),
+		moveSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "extract_move_seconds", Help: "Time to validate, write, fsync and index one dump.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		restarts:     prometheus.NewCounter(prometheus.CounterOpts{Name: "extract_server_restarts_total", Help: "Server restarts after a death or hang."}),
+		shmBytes:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_staging_bytes", Help: "Bytes in the staging dir."}),
+		diskFree:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_free_bytes", Help: "Free bytes on the output disk."}),
+	}
+	m.reg.MustRegister(m.total, m.done, m.failed, m.inflight, m.bytesWritten, m.rejected, m.paused, m.moveSeconds, m.restarts, m.shmBytes, m.diskFree,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// statusServer serves /status and /metrics for the live run.
+type statusServer struct {
+	mu      sync.Mutex
+	current Status
+	srv     *http.Server
+	addr    string
+}
+
+func startStatusServer(listen string, m *metrics) (*statusServer, error) {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("status.listen %s: %w", listen, err)
+	}
+	s := &statusServer{addr: ln.Addr().String()}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(s.get())
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go s.srv.Serve(ln)
+	return s, nil
+}
+
+func (s *statusServer) set(st Status) {
+	s.mu.Lock()
+	s.current = st
+	s.mu.Unlock()
+}
+
+func (s *statusServer) get() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.current
+}
+
+func (s *statusServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.srv.Shutdown(ctx)
+}
+
+func progressPath(stateDir string) string { return filepath.Join(stateDir, "progress.json") }
+
+// QueryStatus answers `extract status`: from the live process when a run holds the lock,
+// else from the index. It never opens the index while a run holds it.
+func QueryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
+	if pid, held := LockHolder(cfg.StateDir); held {
+		if st, err := queryLive(ctx, cfg.StateDir); err == nil {
+			return st, nil
+		}
+		// The run is alive but not answering yet (still starting): its last snapshot.
+		b, err := os.ReadFile(progressPath(cfg.StateDir))
+		var st Status
+		if err == nil && json.Unmarshal(b, &st) == nil {
+			st.State, st.Source, st.PID = "running", "snapshot", pid
+			return st, nil
+		}
+		return Status{State: "running", Source: "lock", PID: pid, ETASeconds: -1, Dataset: cfg.Dataset, OutputDir: cfg.OutputDir}, nil
+	}
+	return statusFromIndex(cfg)
+}
+
+func queryLive(ctx context.Context, stateDir string) (Status, error) {
+	var st Status
+	ri, err := readRunInfo(stateDir)
+	if err != nil || ri.StatusAddr == "" {
+		return st, errors.New("no live status address recorded")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+ri.StatusAddr+"/status", nil)
+	if err != nil {
+		return st, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return st, fmt.Errorf("status endpoint answered %s", resp.Status)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return st, err
+	}
+	return st, json.Unmarshal(b, &st)
+}
+
+func statusFromIndex(cfg *configs.Config) (Status, error) {
+	st := Status{State: "stopped", Source: "index", ETASeconds: -1, Dataset: cfg.Dataset, OutputDir: cfg.OutputDir, Paused: []string{}, Rejected: map[string]int64{}}
+	path := filepath.Join(cfg.StateDir, "index.db")
+	if _, err := os.Stat(path); err != nil {
+		if os.IsNotExist(err) {
+			st.UpdatedAt = time.Now()
+			return st, nil // no job started yet
+		}
+		return st, fmt.Errorf("index %s: %w", path, err)
+	}
+	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return st, err
+	}
+	defer ix.Close()
+	meta, ok, err := ix.Meta()
+	if err != nil {
+		return st, err
+	}
+	c, err := ix.Counters()
+	if err != nil {
+		return st, err
+	}
+	if ok {
+		st.Total = meta.Total
+		st.Dataset = meta.DatasetPath
+	}
+	st.Done, st.Failed, st.BytesWritten = c.Done, c.Failed, c.BytesWritten
+	st.Pending = st.Total - st.Done - st.Failed
+	if st.Total > 0 && st.Done == st.Total {
+		st.State, st.ETASeconds = "complete", 0
+	}
+	if info, err := os.Stat(path); err == nil {
+		st.UpdatedAt = info.ModTime()
+	}
+	return st, nil
+}

@@ -1,0 +1,184 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Dump is a complete dump under its final name.
+type Dump struct {
+	Path string
+	RID  RID
+}
+
+// Watcher reports every complete dump that appears in the staging directory, including
+// those already there when it starts. A dump may be reported more than once (scan and
+// event can both see it); consumers de-duplicate by path.
+type Watcher struct {
+	dir     string
+	fsw     *fsnotify.Watcher
+	log     *slog.Logger
+	ignored atomic.Int64
+	seen    map[string]bool // names already reported as ignored, so a noisy file logs once
+}
+
+// NewWatcher creates dir if needed and starts watching it. The watch is added here, before
+// any scan, so a dump renamed in between is seen by one or the other.
+func NewWatcher(dir string, log *slog.Logger) (*Watcher, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create staging dir %s: %w", dir, err)
+	}
+	fsw, err := fsnotify.NewBufferedWatcher(4096)
+	if err != nil {
+		return nil, fmt.Errorf("fsnotify: %w", err)
+	}
+	if err := fsw.Add(dir); err != nil {
+		fsw.Close()
+		return nil, fmt.Errorf("watch staging dir %s: %w", dir, err)
+	}
+	return &Watcher{dir: dir, fsw: fsw, log: log, seen: map[string]bool{}}, nil
+}
+
+// Ignored counts names in the staging dir that are neither dumps nor partials.
+func (w *Watcher) Ignored() int64 { return w.ignored.Load() }
+
+// Close releases the inotify watch.
+func (w *Watcher) Close() error { return w.fsw.Close() }
+
+// Run scans the leftovers, then reports each new dump on out until ctx is done. It never
+// stops draining fsnotify's channels, even while out is full: reports queue up instead,
+// and an overflow of the kernel queue triggers a rescan.
+func (w *Watcher) Run(ctx context.Context, out chan<- Dump) error {
+	var queue []Dump
+	queued := map[string]bool{}
+	push := func(d Dump) {
+		if !queued[d.Path] {
+			queued[d.Path] = true
+			queue = append(queue, d)
+		}
+	}
+	scan := func() error {
+		dumps, err := w.Scan()
+		for _, d := range dumps {
+			push(d)
+		}
+		return err
+	}
+	if err := scan(); err != nil {
+		return err
+	}
+	for {
+		var send chan<- Dump
+		var next Dump
+		if len(queue) > 0 {
+			send, next = out, queue[0]
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case send <- next:
+			delete(queued, next.Path)
+			queue = queue[1:]
+		case ev, ok := <-w.fsw.Events:
+			if !ok {
+				return nil
+			}
+			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) {
+				continue
+			}
+			if d, ok := w.classify(ev.Name); ok {
+				push(d)
+			}
+		case err, ok := <-w.fsw.Errors:
+			if !ok {
+				return nil
+			}
+			if errors.Is(err, fsnotify.ErrEventOverflow) {
+				w.log.Warn("staging dir event queue overflowed; rescanning", "dir", w.dir)
+				if err := scan(); err != nil {
+					return err
+				}
+				continue
+			}
+			w.log.Error("staging dir watch error", "dir", w.dir, "err", err)
+		}
+	}
+}
+
+// Scan lists the complete dumps now in the staging dir.
+func (w *Watcher) Scan() ([]Dump, error) {
+	entries, err := os.ReadDir(w.dir)
+	if err != nil {
+		return nil, fmt.Errorf("scan staging dir %s: %w", w.dir, err)
+	}
+	var dumps []Dump
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		if d, ok := w.classify(filepath.Join(w.dir, e.Name())); ok {
+			dumps = append(dumps, d)
+		}
+	}
+	return dumps, nil
+}
+
+// classify accepts final dump names only. Partials are the hook's work in progress; any
+// other name is reported once and never opened.
+func (w *Watcher) classify(path string) (Dump, bool) {
+	name := filepath.Base(path)
+	if rid, ok := ParseDumpName(name); ok {
+		return Dump{Path: path, RID: rid}, true
+	}
+	if strings.HasSuffix(name, PartialSuffix) || w.seen[name] {
+		return Dump{}, false
+	}
+	w.seen[name] = true
+	w.ignored.Add(1)
+	w.log.Warn("ignoring file in staging dir: not a dump name (s<9 digits>-a<n>.safetensors)", "file", path)
+	return Dump{}, false
+}
+
+// Usage is what the staging dir holds and what its filesystem has left.
+type Usage struct {
+	Bytes    int64 // sum of file sizes in the dir, partials included
+	Files    int
+	Partials int
+	Free     int64 // bytes available to us on the filesystem
+	Total    int64
+	Tmpfs    bool
+}
+
+// Measure reads the staging dir's usage.
+func Measure(dir string) (Usage, error) {
+	var u Usage
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return u, fmt.Errorf("read staging dir %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		u.Bytes += info.Size()
+		u.Files++
+		if strings.HasSuffix(e.Name(), PartialSuffix) {
+			u.Partials++
+		}
+	}
+	fs, err := StatFS(dir)
+	if err != nil {
+		return u, err
+	}
+	u.Free, u.Total, u.Tmpfs = fs.Free, fs.Total, fs.Tmpfs
+	return u, nil
+}
