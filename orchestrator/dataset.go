@@ -101,8 +101,8 @@ func (d *Dataset) index() error {
 
 func decodeLine(line []byte, index int) (Sample, error) {
 	var raw rawSample
+	// Other fields (ids, conversations, sources) are common in datasets and ignored.
 	dec := json.NewDecoder(bytes.NewReader(line))
-	dec.DisallowUnknownFields()
 	if len(bytes.TrimSpace(line)) == 0 {
 		return Sample{}, errors.New("empty line (every line must be one JSON sample)")
 	}

@@ -167,7 +167,6 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 // run drives the job. ctx is the operator's: its cancellation starts a graceful stop.
 func (j *job) run(ctx context.Context) (Result, error) {
 	res := Result{OutputDir: j.cfg.OutputDir, Total: j.ds.Len()}
-	defer func() { res.Elapsed = time.Since(j.started) }()
 
 	if j.counters.Done == j.ds.Len() {
 		j.log.Info("job already complete", "samples", j.counters.Done, "output_dir", j.cfg.OutputDir)

@@ -104,7 +104,9 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err != nil {
 		return res, err
 	}
-	return j.run(ctx)
+	res, err = j.run(ctx)
+	res.Elapsed = time.Since(j.started)
+	return res, err
 }
 
 // prepareIndex makes the index describe this job: a new index is initialised; one with

@@ -27,7 +27,7 @@ import (
 var kills = flag.Int("kills", 20, "SIGKILLs of the orchestrator in the kill test")
 
 // binary is the extract binary under test, built once by TestMain.
-var binary string
+var extractBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -35,8 +35,8 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "extract")
-	build := exec.Command("go", "build", "-o", binary, ".")
+	extractBin = filepath.Join(dir, "extract")
+	build := exec.Command("go", "build", "-o", extractBin, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build extract:", err)
@@ -156,7 +156,7 @@ func stopRecordedServer(stateDir string) {
 
 // command prepares `extract args...` with the job's config and env.
 func (j *job) command(args ...string) *exec.Cmd {
-	cmd := exec.Command(binary, append(args, "--config", j.config)...)
+	cmd := exec.Command(extractBin, append(args, "--config", j.config)...)
 	cmd.Env = j.env
 	return cmd
 }
@@ -350,8 +350,9 @@ func TestDemoSizedJobCompletesAndEveryOutputIsExact(t *testing.T) {
 }
 
 func TestKilledAnyNumberOfTimesFinishesExact(t *testing.T) {
-	// Slow enough that the job spans all the kills.
-	j := newJob(t, 200, 6000)
+	// Slow enough that the job spans all the kills: about 0.25 s of simulated GPU time
+	// per kill.
+	j := newJob(t, 200, max(120000 / *kills, 1))
 	rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 	killed := 0
 	for killed < *kills {

@@ -23,7 +23,7 @@ func newLogger(cfg *configs.Config, stderr io.Writer) (*slog.Logger, func(), err
 		slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}),
 		slog.NewJSONHandler(file, &slog.HandlerOptions{Level: level}),
 	)
-	return slog.New(h).With("pid", os.Getpid()), file.close, nil
+	return slog.New(h), file.close, nil
 }
 
 // lazyFile creates the log file on the first write, so a run refused for a bad dataset

@@ -78,12 +78,22 @@ func newRootCmd() *cobra.Command {
 		Short:         "Crash-safe hidden-state extraction for EAGLE-3 training",
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Args:          noArgs,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
 	})
 	root.AddCommand(newRunCmd(), newStatusCmd(), newVerifyCmd(), newSimulateCmd())
 	return root
+}
+
+// noArgs refuses positional arguments as a usage error (exit 2).
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q (see `%s --help`)", cmd.CommandPath(), args, cmd.CommandPath())}
+	}
+	return nil
 }
 
 // configFlags are the flags every command that reads the config shares.

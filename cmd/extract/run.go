@@ -18,7 +18,7 @@ func newRunCmd() *cobra.Command {
 		Long: `Run the extraction job. Exit codes: 0 finished, already complete, or another run
 holds the lock; 1 failed; 2 bad config or usage; 3 preflight refused; 75 temporary
 failure worth a retry (cron).`,
-		Args: cobra.NoArgs,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runRun(cmd, &cf, opt)
 		},
@@ -26,7 +26,6 @@ failure worth a retry (cron).`,
 	cf.register(cmd)
 	cmd.Flags().BoolVar(&opt.Resume, "resume", false, "continue the job recorded in the index (starts it when there is none)")
 	cmd.Flags().BoolVar(&opt.Fresh, "fresh", false, "discard the index's progress and start over")
-	cmd.MarkFlagsMutuallyExclusive("resume", "fresh")
 	return cmd
 }
 

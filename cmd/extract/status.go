@@ -19,7 +19,7 @@ func newStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status [--config F] [--json]",
 		Short: "Show the job's progress: live from the running process, else from the index",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStatus(cmd, &cf, asJSON, watch)
 		},

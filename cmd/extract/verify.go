@@ -15,7 +15,7 @@ func newVerifyCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "verify [--config F] [--deep] [--repair]",
 		Short: "Check output files against the index; --deep recomputes checksums, --repair fixes the index",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runVerify(cmd, &cf, opt)
 		},

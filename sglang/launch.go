@@ -1,0 +1,230 @@
+package sglang
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Server kinds.
+const (
+	KindSGLang    = "sglang"
+	KindSimulator = "simulator"
+)
+
+// LaunchSpec is everything that determines how the server is started. Two specs with
+// the same Fingerprint start the same server.
+type LaunchSpec struct {
+	Kind        string
+	Host        string
+	Port        int
+	ModelPath   string
+	TPSize      int
+	GPUs        []int
+	MemFraction float64
+	ExtraArgs   []string
+	Env         map[string]string
+	// Python is the interpreter for kind sglang (default "python3").
+	Python string
+	// Layers is the effective layers_to_capture (SpecForge's ids plus one).
+	Layers    []int
+	ShmDir    string
+	Simulator SimulatorSpec
+}
+
+// SimulatorSpec configures kind simulator; Executable is the extract binary, whose hidden
+// "simulate" command runs the simulator.
+type SimulatorSpec struct {
+	Executable      string
+	TokensPerSecond float64
+	HiddenSize      int
+	NumLayers       int
+	StartupDelay    time.Duration
+	ExitAfter       int
+	HangAfter       int
+	Fail503Every    int
+	LateDumpDelay   time.Duration
+}
+
+// captureBreakers are SGLang flags that would break capture (or fight the ones Argv
+// sets), mapped to why. argparse accepts unique prefixes, so prefixes are refused too.
+var captureBreakers = []struct{ flag, why string }{
+	{"--chunked-prefill-size", "chunked prefill must stay off (Argv sets -1)"},
+	{"--enable-two-batch-overlap", "two-batch overlap breaks capture"},
+	{"--enable-radix-cache", "radix cache must stay off (a cache hit drops rows)"},
+	{"--disable-radix-cache", "Argv sets it already"},
+	{"--model-path", "set server.model_path instead"},
+	{"--tp-size", "set server.tp_size instead"},
+	{"--tensor-parallel-size", "set server.tp_size instead"},
+	{"--host", "set server.host instead"},
+	{"--port", "set server.port instead"},
+	{"--mem-fraction-static", "set server.mem_fraction instead"},
+}
+
+func (s LaunchSpec) validate() error {
+	var bad []string
+	if s.Host == "" {
+		bad = append(bad, "host is empty")
+	}
+	if s.Port < 1 || s.Port > 65535 {
+		bad = append(bad, fmt.Sprintf("port %d outside 1..65535", s.Port))
+	}
+	if s.ModelPath == "" {
+		bad = append(bad, "model path is empty")
+	}
+	if s.TPSize < 1 {
+		bad = append(bad, fmt.Sprintf("tp size %d must be at least 1", s.TPSize))
+	}
+	if len(s.Layers) != 3 {
+		bad = append(bad, fmt.Sprintf("layers %v: protocol v1 captures exactly three", s.Layers))
+	}
+	if s.ShmDir == "" {
+		bad = append(bad, "shm dir is empty")
+	}
+	if s.MemFraction < 0 || s.MemFraction >= 1 {
+		bad = append(bad, fmt.Sprintf("mem fraction %g outside [0,1)", s.MemFraction))
+	}
+	switch s.Kind {
+	case KindSGLang:
+		for _, a := range s.ExtraArgs {
+			name, _, _ := strings.Cut(a, "=")
+			if !strings.HasPrefix(name, "--") || len(name) <= 2 {
+				continue
+			}
+			for _, b := range captureBreakers {
+				if strings.HasPrefix(b.flag, name) {
+					bad = append(bad, fmt.Sprintf("extra arg %q is not allowed: %s", a, b.why))
+					break
+				}
+			}
+		}
+	case KindSimulator:
+		if s.Simulator.Executable == "" {
+			bad = append(bad, "simulator executable is empty")
+		}
+		if s.Simulator.HiddenSize <= 0 || s.Simulator.NumLayers <= 0 {
+			bad = append(bad, "simulator hidden size and num layers must be positive")
+		}
+	default:
+		bad = append(bad, fmt.Sprintf("kind %q is neither %q nor %q", s.Kind, KindSGLang, KindSimulator))
+	}
+	if len(bad) > 0 {
+		return errors.New("server launch spec: " + strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// Argv is the server's command line, never a shell string. For kind sglang the capture
+// flags are always present and extra args that would undo them are refused.
+func (s LaunchSpec) Argv() ([]string, error) {
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	port := strconv.Itoa(s.Port)
+	if s.Kind == KindSimulator {
+		sim := s.Simulator
+		argv := []string{sim.Executable, "simulate",
+			"--host", s.Host, "--port", port, "--shm-dir", s.ShmDir, "--model", s.ModelPath,
+			"--tp-size", strconv.Itoa(s.TPSize), "--hidden-size", strconv.Itoa(sim.HiddenSize),
+			"--num-layers", strconv.Itoa(sim.NumLayers), "--layers", joinLayers(s.Layers),
+			"--tokens-per-second", strconv.FormatFloat(sim.TokensPerSecond, 'g', -1, 64),
+			"--startup-delay", sim.StartupDelay.String(),
+		}
+		for _, f := range []struct {
+			name string
+			set  bool
+			val  string
+		}{
+			{"--exit-after", sim.ExitAfter != 0, strconv.Itoa(sim.ExitAfter)},
+			{"--hang-after", sim.HangAfter != 0, strconv.Itoa(sim.HangAfter)},
+			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
+			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
+		} {
+			if f.set {
+				argv = append(argv, f.name, f.val)
+			}
+		}
+		return append(argv, s.ExtraArgs...), nil
+	}
+	python := s.Python
+	if python == "" {
+		python = "python3"
+	}
+	argv := []string{python, "-m", "sglang.launch_server",
+		"--model-path", s.ModelPath, "--tp-size", strconv.Itoa(s.TPSize),
+		"--host", s.Host, "--port", port}
+	if s.MemFraction > 0 {
+		argv = append(argv, "--mem-fraction-static", strconv.FormatFloat(s.MemFraction, 'g', -1, 64))
+	}
+	argv = append(argv, "--disable-radix-cache", "--chunked-prefill-size", "-1")
+	return append(argv, s.ExtraArgs...), nil
+}
+
+// addedEnv is what Environ adds to our own environment, sorted; the managed keys come
+// last so they win over Env (exec keeps the last of duplicate keys).
+func (s LaunchSpec) addedEnv() []string {
+	var env []string
+	for k, v := range s.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	if len(s.GPUs) > 0 {
+		ids := make([]string, len(s.GPUs))
+		for i, g := range s.GPUs {
+			ids[i] = strconv.Itoa(g)
+		}
+		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+	}
+	return append(env, "SGLANG_HS_DIR="+s.ShmDir, "SGLANG_HS_LAYERS="+joinLayers(s.Layers))
+}
+
+// Environ is the server's environment: ours, then Env, CUDA_VISIBLE_DEVICES from GPUs,
+// and the dump hook's SGLANG_HS_DIR and SGLANG_HS_LAYERS.
+func (s LaunchSpec) Environ() []string {
+	return append(os.Environ(), s.addedEnv()...)
+}
+
+// Fingerprint is the sha256 of the argv and the added environment: any change that
+// matters to the running server changes it and forces a relaunch. It is empty for a
+// spec that Argv refuses.
+func (s LaunchSpec) Fingerprint() string {
+	argv, err := s.Argv()
+	if err != nil {
+		return ""
+	}
+	h := sha256.New()
+	for _, part := range [][]string{argv, s.addedEnv()} {
+		for _, a := range part {
+			h.Write([]byte(a))
+			h.Write([]byte{0})
+		}
+		h.Write([]byte{1})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// BaseURL is where the client reaches the server. A wildcard listen address is reached
+// through loopback.
+func (s LaunchSpec) BaseURL() string {
+	host := s.Host
+	if slices.Contains([]string{"", "0.0.0.0", "::", "[::]"}, host) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(s.Port))
+}
+
+func joinLayers(layers []int) string {
+	s := make([]string, len(layers))
+	for i, l := range layers {
+		s[i] = strconv.Itoa(l)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,208 @@
+package sglang
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/extract-dev/extract/sglang/simulator"
+)
+
+func simSpec() LaunchSpec {
+	return LaunchSpec{
+		Kind: KindSimulator, Host: "127.0.0.1", Port: 31000, ModelPath: "sim/model", TPSize: 8,
+		Layers: []int{2, 30, 58}, ShmDir: "/dev/shm/sglang_hs",
+		Simulator: SimulatorSpec{Executable: "/usr/local/bin/extract", TokensPerSecond: 1500, HiddenSize: 7168, NumLayers: 61, StartupDelay: 2 * time.Second},
+	}
+}
+
+func sglangSpec() LaunchSpec {
+	return LaunchSpec{
+		Kind: KindSGLang, Host: "0.0.0.0", Port: 30000, ModelPath: "/models/Kimi-K2.5", TPSize: 8,
+		GPUs: []int{0, 1, 2, 3, 4, 5, 6, 7}, MemFraction: 0.85, Layers: []int{2, 30, 58}, ShmDir: "/dev/shm/sglang_hs",
+		ExtraArgs: []string{"--trust-remote-code", "--context-length", "32768"},
+	}
+}
+
+func TestArgvAlwaysCarriesTheCaptureFlags(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(*LaunchSpec)
+		base   func() LaunchSpec
+		want   []string
+	}{
+		{"simulator", nil, simSpec, []string{"/usr/local/bin/extract", "simulate",
+			"--host", "127.0.0.1", "--port", "31000", "--shm-dir", "/dev/shm/sglang_hs", "--model", "sim/model",
+			"--tp-size", "8", "--hidden-size", "7168", "--num-layers", "61", "--layers", "2,30,58",
+			"--tokens-per-second", "1500", "--startup-delay", "2s"}},
+		{"simulator with faults", func(s *LaunchSpec) {
+			s.Simulator.ExitAfter, s.Simulator.HangAfter, s.Simulator.Fail503Every, s.Simulator.LateDumpDelay = 5, 6, 7, 1500*time.Millisecond
+		}, simSpec, []string{"/usr/local/bin/extract", "simulate",
+			"--host", "127.0.0.1", "--port", "31000", "--shm-dir", "/dev/shm/sglang_hs", "--model", "sim/model",
+			"--tp-size", "8", "--hidden-size", "7168", "--num-layers", "61", "--layers", "2,30,58",
+			"--tokens-per-second", "1500", "--startup-delay", "2s",
+			"--exit-after", "5", "--hang-after", "6", "--fail-503-every", "7", "--late-dump-delay", "1.5s"}},
+		{"sglang", nil, sglangSpec, []string{"python3", "-m", "sglang.launch_server",
+			"--model-path", "/models/Kimi-K2.5", "--tp-size", "8", "--host", "0.0.0.0", "--port", "30000",
+			"--mem-fraction-static", "0.85", "--disable-radix-cache", "--chunked-prefill-size", "-1",
+			"--trust-remote-code", "--context-length", "32768"}},
+		{"sglang without mem fraction, own interpreter", func(s *LaunchSpec) {
+			s.MemFraction, s.Python, s.ExtraArgs = 0, "/opt/venv/bin/python", nil
+		}, sglangSpec, []string{"/opt/venv/bin/python", "-m", "sglang.launch_server",
+			"--model-path", "/models/Kimi-K2.5", "--tp-size", "8", "--host", "0.0.0.0", "--port", "30000",
+			"--disable-radix-cache", "--chunked-prefill-size", "-1"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.base()
+			if tc.modify != nil {
+				tc.modify(&s)
+			}
+			got, err := s.Argv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("argv\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
+	tests := []struct {
+		name   string
+		base   func() LaunchSpec
+		modify func(*LaunchSpec)
+		want   string
+	}{
+		{"two-batch overlap", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-two-batch-overlap"} }, "two-batch overlap"},
+		{"chunked prefill back on", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--chunked-prefill-size=8192"} }, "chunked prefill"},
+		{"chunked prefill by an argparse prefix", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--chunked-prefill", "8192"} }, "chunked prefill"},
+		{"radix cache back on", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-radix-cache"} }, "radix cache"},
+		{"port through extra args", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--port", "1"} }, "server.port"},
+		{"tp size by its long name", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--tensor-parallel-size", "4"} }, "server.tp_size"},
+		{"unknown kind", sglangSpec, func(s *LaunchSpec) { s.Kind = "vllm" }, `kind "vllm"`},
+		{"no model", sglangSpec, func(s *LaunchSpec) { s.ModelPath = "" }, "model path"},
+		{"two layers", sglangSpec, func(s *LaunchSpec) { s.Layers = []int{2, 30} }, "exactly three"},
+		{"no port", sglangSpec, func(s *LaunchSpec) { s.Port = 0 }, "port 0"},
+		{"simulator without executable", simSpec, func(s *LaunchSpec) { s.Simulator.Executable = "" }, "executable"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := tc.base()
+			tc.modify(&s)
+			argv, err := s.Argv()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Argv() = %q, %v; want an error containing %q", argv, err, tc.want)
+			}
+			if s.Fingerprint() != "" {
+				t.Errorf("a refused spec has a fingerprint")
+			}
+		})
+	}
+}
+
+func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
+	s := simSpec()
+	s.Simulator.ExitAfter, s.Simulator.HangAfter, s.Simulator.Fail503Every, s.Simulator.LateDumpDelay = 1, 2, 3, time.Second
+	argv, err := s.Argv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got simulator.Config
+	fs := pflag.NewFlagSet("simulate", pflag.ContinueOnError)
+	got.BindFlags(fs)
+	if err := fs.Parse(argv[2:]); err != nil {
+		t.Fatal(err)
+	}
+	want := simulator.Config{Host: s.Host, Port: s.Port, ShmDir: s.ShmDir, Model: s.ModelPath, TPSize: s.TPSize,
+		HiddenSize: 7168, NumLayers: 61, Layers: s.Layers, TokensPerSecond: 1500, StartupDelay: 2 * time.Second,
+		HookVersion: simulator.DefaultHookVersion, ExitAfter: 1, HangAfter: 2, Fail503Every: 3, LateDumpDelay: time.Second}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("parsed %+v\nwant   %+v", got, want)
+	}
+}
+
+func TestEnvironAddsGPUsHookSettingsAndUserEnvWithManagedKeysWinning(t *testing.T) {
+	s := sglangSpec()
+	s.GPUs = []int{4, 5}
+	s.Env = map[string]string{"NCCL_DEBUG": "WARN", "SGLANG_HS_DIR": "/wrong"}
+	env := s.Environ()
+	last := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		last[k] = v
+	}
+	want := map[string]string{"CUDA_VISIBLE_DEVICES": "4,5", "NCCL_DEBUG": "WARN", "SGLANG_HS_DIR": "/dev/shm/sglang_hs", "SGLANG_HS_LAYERS": "2,30,58"}
+	for k, v := range want {
+		if last[k] != v {
+			t.Errorf("%s = %q (the last one wins in exec), want %q", k, last[k], v)
+		}
+	}
+	if t.Setenv("EXTRACT_TEST_INHERITED", "yes"); !slices.Contains(s.Environ(), "EXTRACT_TEST_INHERITED=yes") {
+		t.Errorf("our own environment is not inherited")
+	}
+}
+
+func TestFingerprintChangesWithWhatTheServerSees(t *testing.T) {
+	base := sglangSpec()
+	base.Env = map[string]string{"A": "1", "B": "2", "C": "3", "D": "4"}
+	tests := []struct {
+		name   string
+		modify func(*LaunchSpec)
+		same   bool
+	}{
+		{"env map built in another order", func(s *LaunchSpec) {
+			s.Env = map[string]string{}
+			for _, k := range []string{"D", "B", "C", "A"} {
+				s.Env[k] = base.Env[k]
+			}
+		}, true},
+		{"simulator settings do not reach an sglang server", func(s *LaunchSpec) { s.Simulator.HiddenSize = 1 }, true},
+		{"port", func(s *LaunchSpec) { s.Port++ }, false},
+		{"model", func(s *LaunchSpec) { s.ModelPath = "/models/other" }, false},
+		{"gpus", func(s *LaunchSpec) { s.GPUs = []int{0, 1} }, false},
+		{"env value", func(s *LaunchSpec) { s.Env = map[string]string{"A": "9", "B": "2", "C": "3", "D": "4"} }, false},
+		{"layers", func(s *LaunchSpec) { s.Layers = []int{1, 29, 57} }, false},
+		{"extra args", func(s *LaunchSpec) { s.ExtraArgs = nil }, false},
+	}
+	want := base.Fingerprint()
+	if len(want) != 64 {
+		t.Fatalf("fingerprint %q is not sha256 hex", want)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := sglangSpec()
+			s.Env = base.Env
+			tc.modify(&s)
+			if got := s.Fingerprint(); (got == want) != tc.same {
+				t.Errorf("fingerprint same = %v, want %v", got == want, tc.same)
+			}
+		})
+	}
+}
+
+func TestBaseURLReachesWildcardListenersThroughLoopback(t *testing.T) {
+	tests := []struct {
+		host string
+		want string
+	}{
+		{"127.0.0.1", "http://127.0.0.1:30000"},
+		{"0.0.0.0", "http://127.0.0.1:30000"},
+		{"::", "http://127.0.0.1:30000"},
+		{"::1", "http://[::1]:30000"},
+		{"gpu-node-1", "http://gpu-node-1:30000"},
+	}
+	for _, tc := range tests {
+		s := sglangSpec()
+		s.Host = tc.host
+		if got := s.BaseURL(); got != tc.want {
+			t.Errorf("host %q: BaseURL %q, want %q", tc.host, got, tc.want)
+		}
+	}
+}

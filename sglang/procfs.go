@@ -1,0 +1,142 @@
+package sglang
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// procStat holds the /proc/<pid>/stat fields that identify a process and its group.
+type procStat struct {
+	state     byte
+	pgid      int
+	startTime uint64 // clock ticks after boot; with the boot id, unique for a pid
+}
+
+func (p procStat) dead() bool { return p.state == 'Z' || p.state == 'X' }
+
+func readStat(pid int) (procStat, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procStat{}, err
+	}
+	// comm (field 2) may hold spaces and parentheses; the fields after the last ')' do not.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 > len(b) {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: malformed", pid)
+	}
+	f := strings.Fields(string(b[i+2:]))
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields after comm", pid, len(f))
+	}
+	pgid, err := strconv.Atoi(f[2])
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat pgrp: %w", pid, err)
+	}
+	start, err := strconv.ParseUint(f[19], 10, 64)
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
+	}
+	return procStat{state: f[0][0], pgid: pgid, startTime: start}, nil
+}
+
+func readCmdline(pid int) ([]string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return nil, err
+	}
+	return strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00"), nil
+}
+
+// hasEnv reports whether pid's initial environment holds the exact entry kv.
+func hasEnv(pid int, kv string) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return false
+	}
+	for _, e := range bytes.Split(b, []byte{0}) {
+		if string(e) == kv {
+			return true
+		}
+	}
+	return false
+}
+
+func bootID() (string, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("read boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+func listPIDs() []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var pids []int
+	for _, e := range entries {
+		if pid, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// groupMembers lists the live processes of process group pgid.
+func groupMembers(pgid int) []int {
+	var pids []int
+	for _, pid := range listPIDs() {
+		if st, err := readStat(pid); err == nil && st.pgid == pgid && !st.dead() {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// portHolder names the process listening on TCP port, best effort: "pid N (cmdline)", or
+// "" when /proc does not tell (another user's process, another network namespace).
+func portHolder(port int) string {
+	inodes := map[string]bool{}
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		f, err := os.Open(table)
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 10 || fields[3] != "0A" { // 0A: LISTEN
+				continue
+			}
+			_, hexPort, ok := strings.Cut(fields[1], ":")
+			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
+				inodes["socket:["+fields[9]+"]"] = true
+			}
+		}
+		f.Close()
+	}
+	if len(inodes) == 0 {
+		return ""
+	}
+	for _, pid := range listPIDs() {
+		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+			if err == nil && inodes[link] {
+				cmd, _ := readCmdline(pid)
+				return fmt.Sprintf("pid %d (%s)", pid, strings.Join(cmd, " "))
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,95 @@
+package simulator
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/extract-dev/extract/checkpoint/safetensors"
+)
+
+// writeDump writes one request's dump by protocol v1: rows are streamed through a
+// buffer into <rid>.safetensors.partial, which is renamed to its final name only once
+// complete, so a reader never sees a partial file under the final name.
+func writeDump(cfg Config, rid string, ids []int64) error {
+	h := cfg.HiddenSize
+	t := int64(len(ids))
+	meta := map[string]string{
+		"rid":          rid,
+		"protocol":     "1",
+		"layers":       joinInts(cfg.Layers),
+		"model":        cfg.Model,
+		"hook_version": cfg.HookVersion,
+	}
+	header, _, err := safetensors.EncodeHeader([]safetensors.Spec{
+		{Name: "aux_hidden_state", DType: safetensors.BF16, Shape: []int64{t, int64(len(cfg.Layers) * h)}},
+		{Name: "hidden_state", DType: safetensors.BF16, Shape: []int64{t, int64(h)}},
+		{Name: "input_ids", DType: safetensors.I64, Shape: []int64{t}},
+	}, meta)
+	if err != nil {
+		return fmt.Errorf("encode dump header for rid %s: %w", rid, err)
+	}
+	final := filepath.Join(cfg.ShmDir, rid+".safetensors")
+	partial := final + ".partial"
+	f, err := os.Create(partial)
+	if err != nil {
+		return fmt.Errorf("create dump for rid %s: %w", rid, err)
+	}
+	if err := writeBody(f, header, cfg, ids); err != nil {
+		f.Close()
+		os.Remove(partial)
+		return fmt.Errorf("write dump %s: %w", partial, err)
+	}
+	if err := f.Close(); err != nil {
+		os.Remove(partial)
+		return fmt.Errorf("close dump %s: %w", partial, err)
+	}
+	if err := os.Rename(partial, final); err != nil {
+		return fmt.Errorf("publish dump for rid %s: %w", rid, err)
+	}
+	return nil
+}
+
+func writeBody(f *os.File, header []byte, cfg Config, ids []int64) error {
+	h := cfg.HiddenSize
+	w := bufio.NewWriterSize(f, 1<<20)
+	if _, err := w.Write(header); err != nil {
+		return err
+	}
+	row := make([]byte, 2*h*len(cfg.Layers))
+	for pos, tok := range ids {
+		for i, layer := range cfg.Layers {
+			FillRow(row[2*h*i:], tok, pos, layer, h)
+		}
+		if _, err := w.Write(row); err != nil {
+			return err
+		}
+	}
+	row = row[:2*h]
+	for pos, tok := range ids {
+		FillRow(row, tok, pos, cfg.NumLayers, h)
+		if _, err := w.Write(row); err != nil {
+			return err
+		}
+	}
+	var b [8]byte
+	for _, tok := range ids {
+		binary.LittleEndian.PutUint64(b[:], uint64(tok))
+		if _, err := w.Write(b[:]); err != nil {
+			return err
+		}
+	}
+	return w.Flush()
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}

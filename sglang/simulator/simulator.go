@@ -1,0 +1,430 @@
+// Package simulator is a stand-in for a patched SGLang server: the same HTTP API and the
+// same dump protocol v1, with deterministic hidden states, a prefill rate and injectable faults.
+package simulator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// ReadyMessage is what SGLang logs once it serves; operators and scripts grep for it.
+const ReadyMessage = "The server is fired up and ready to roll!"
+
+// DefaultHookVersion is reported in every dump's metadata when Config.HookVersion is empty.
+const DefaultHookVersion = "sim-1"
+
+// Config describes one simulated server. Its flags (BindFlags) are what
+// sglang.LaunchSpec.Argv emits for server kind "simulator".
+type Config struct {
+	Host string
+	// Port 0 picks a free port; Server.Addr tells which.
+	Port   int
+	ShmDir string
+	// Model is reported as model_path.
+	Model      string
+	TPSize     int
+	HiddenSize int
+	// NumLayers is the model's depth; the final hidden state is tagged with layer id NumLayers.
+	NumLayers int
+	// Layers is the effective layers_to_capture, three ids below NumLayers.
+	Layers []int
+	// TokensPerSecond is one prefill rate shared by all requests, like one GPU queue;
+	// 0 runs as fast as it can.
+	TokensPerSecond float64
+	// StartupDelay is how long /health_generate and /generate answer 503, like a model loading.
+	StartupDelay time.Duration
+	HookVersion  string
+
+	// ExitAfter makes the process exit with status 3 after that many completed requests.
+	ExitAfter int
+	// HangAfter makes /generate and /health_generate block after that many completed
+	// requests, like a stuck scheduler behind a live HTTP frontend.
+	HangAfter int
+	// Fail503Every answers every Nth /generate with 503 before doing any work.
+	Fail503Every int
+	// LateDumpDelay writes each dump this long after the response, like a slow hook.
+	LateDumpDelay time.Duration
+}
+
+// BindFlags registers one flag per field, with the names sglang.LaunchSpec.Argv uses.
+func (c *Config) BindFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&c.Host, "host", "127.0.0.1", "address to listen on")
+	fs.IntVar(&c.Port, "port", 30000, "port to listen on (0 picks a free one)")
+	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/sglang_hs", "directory the dumps are written to")
+	fs.StringVar(&c.Model, "model", "simulator", "model path to report")
+	fs.IntVar(&c.TPSize, "tp-size", 1, "tensor parallel size to report")
+	fs.IntVar(&c.HiddenSize, "hidden-size", 64, "hidden size H of every captured layer")
+	fs.IntVar(&c.NumLayers, "num-layers", 61, "model depth; the final hidden state is layer id num-layers")
+	fs.IntSliceVar(&c.Layers, "layers", []int{2, 30, 58}, "effective layers_to_capture (three ids)")
+	fs.Float64Var(&c.TokensPerSecond, "tokens-per-second", 0, "global prefill rate (0: unlimited)")
+	fs.DurationVar(&c.StartupDelay, "startup-delay", 0, "how long /health_generate answers 503 at start")
+	fs.StringVar(&c.HookVersion, "hook-version", DefaultHookVersion, "hook_version written to dump metadata")
+	fs.IntVar(&c.ExitAfter, "exit-after", 0, "fault: exit with status 3 after N completed requests")
+	fs.IntVar(&c.HangAfter, "hang-after", 0, "fault: hang /generate and /health_generate after N completed requests")
+	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
+	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
+}
+
+func (c *Config) normalize() error {
+	if c.Host == "" {
+		c.Host = "127.0.0.1"
+	}
+	if c.TPSize == 0 {
+		c.TPSize = 1
+	}
+	if c.HookVersion == "" {
+		c.HookVersion = DefaultHookVersion
+	}
+	var bad []string
+	if c.Port < 0 || c.Port > 65535 {
+		bad = append(bad, fmt.Sprintf("port %d out of range", c.Port))
+	}
+	if c.ShmDir == "" {
+		bad = append(bad, "shm dir is empty")
+	}
+	if c.Model == "" {
+		bad = append(bad, "model is empty")
+	}
+	if c.HiddenSize <= 0 {
+		bad = append(bad, fmt.Sprintf("hidden size %d must be positive", c.HiddenSize))
+	}
+	if c.NumLayers <= 0 {
+		bad = append(bad, fmt.Sprintf("num layers %d must be positive", c.NumLayers))
+	}
+	if len(c.Layers) != 3 {
+		bad = append(bad, fmt.Sprintf("layers %v: protocol v1 captures exactly three", c.Layers))
+	}
+	for _, l := range c.Layers {
+		if l < 0 || l >= c.NumLayers {
+			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
+		}
+	}
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 {
+		bad = append(bad, "rates, counts and delays must not be negative")
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("simulator config: %s", strings.Join(bad, "; "))
+	}
+	return nil
+}
+
+// Server is a listening simulator; Serve answers requests.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	ln      net.Listener
+	readyAt time.Time
+
+	received  atomic.Int64 // /generate calls, for Fail503Every
+	completed atomic.Int64 // answered 200, for ExitAfter and HangAfter
+	hung      chan struct{}
+	hangOnce  sync.Once
+
+	clockMu sync.Mutex
+	clock   time.Time // end of the last prefill reservation
+
+	late sync.WaitGroup
+}
+
+// Run listens, serves until ctx is done, and returns nil after a clean shutdown.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	s, err := Listen(cfg, log)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
+
+// Listen checks cfg, creates the shm dir and binds the port; the startup delay runs from here.
+func Listen(cfg Config, log *slog.Logger) (*Server, error) {
+	if err := cfg.normalize(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.ShmDir, 0o755); err != nil {
+		return nil, fmt.Errorf("simulator shm dir %s: %w", cfg.ShmDir, err)
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
+	if err != nil {
+		return nil, fmt.Errorf("simulator listen on %s:%d: %w", cfg.Host, cfg.Port, err)
+	}
+	s := &Server{cfg: cfg, log: log, ln: ln, readyAt: time.Now().Add(cfg.StartupDelay), hung: make(chan struct{})}
+	log.Info("simulator listening", "addr", s.Addr(), "pid", os.Getpid(), "model", cfg.Model,
+		"hidden_size", cfg.HiddenSize, "layers", joinInts(cfg.Layers), "shm_dir", cfg.ShmDir,
+		"tokens_per_second", cfg.TokensPerSecond, "startup_delay", cfg.StartupDelay)
+	return s, nil
+}
+
+// Addr is the host:port the server listens on.
+func (s *Server) Addr() string { return s.ln.Addr().String() }
+
+// Serve answers requests until ctx is done. Request contexts derive from ctx, so hung
+// and waiting handlers return when it ends, and shutdown does not wait on them.
+func (s *Server) Serve(ctx context.Context) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /generate", func(w http.ResponseWriter, r *http.Request) { s.generate(ctx, w, r) })
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /health_generate", s.healthGenerate)
+	mux.HandleFunc("GET /server_info", s.serverInfo)
+	mux.HandleFunc("GET /get_server_info", s.serverInfo)
+	mux.HandleFunc("GET /model_info", s.modelInfo)
+	srv := &http.Server{Handler: mux, BaseContext: func(net.Listener) context.Context { return ctx }, ReadHeaderTimeout: 10 * time.Second}
+
+	go func() {
+		t := time.NewTimer(time.Until(s.readyAt))
+		defer t.Stop()
+		select {
+		case <-t.C:
+			s.log.Info(ReadyMessage, "addr", s.Addr())
+		case <-ctx.Done():
+		}
+	}()
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(s.ln) }()
+	select {
+	case err := <-served:
+		return fmt.Errorf("simulator serve on %s: %w", s.Addr(), err)
+	case <-ctx.Done():
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := srv.Shutdown(shutdownCtx)
+	s.late.Wait()
+	s.log.Info("simulator stopped", "addr", s.Addr(), "completed", s.completed.Load())
+	if err != nil {
+		return fmt.Errorf("simulator shutdown on %s: %w", s.Addr(), err)
+	}
+	return nil
+}
+
+type generateRequest struct {
+	RID            string  `json:"rid"`
+	InputIDs       []int64 `json:"input_ids"`
+	Text           *string `json:"text"`
+	SamplingParams struct {
+		MaxNewTokens int `json:"max_new_tokens"`
+	} `json:"sampling_params"`
+}
+
+type finishReason struct {
+	Type   string `json:"type"`
+	Length int    `json:"length"`
+}
+
+type metaInfo struct {
+	ID               string       `json:"id"`
+	PromptTokens     int          `json:"prompt_tokens"`
+	CompletionTokens int          `json:"completion_tokens"`
+	FinishReason     finishReason `json:"finish_reason"`
+	E2ELatency       float64      `json:"e2e_latency"`
+}
+
+type generateResponse struct {
+	Text      string   `json:"text"`
+	OutputIDs []int64  `json:"output_ids"`
+	MetaInfo  metaInfo `json:"meta_info"`
+}
+
+func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	if s.blockIfHung(r) {
+		return
+	}
+	if start.Before(s.readyAt) {
+		writeError(w, http.StatusServiceUnavailable, "server is starting")
+		return
+	}
+	if n := s.received.Add(1); s.cfg.Fail503Every > 0 && n%int64(s.cfg.Fail503Every) == 0 {
+		s.log.Info("injected fault: 503", "request", n)
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("injected fault: request %d of every %d fails", n, s.cfg.Fail503Every))
+		return
+	}
+	var req generateRequest
+	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "request body is not a generate request: "+err.Error())
+		return
+	}
+	ids, msg := req.tokens()
+	if msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	if err := s.prefill(r.Context(), len(ids)); err != nil {
+		s.log.Debug("request abandoned during prefill", "rid", req.RID, "error", err)
+		return
+	}
+	if s.cfg.LateDumpDelay == 0 {
+		if err := writeDump(s.cfg, req.RID, ids); err != nil {
+			s.log.Error("dump failed", "rid", req.RID, "error", err)
+			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, generateResponse{
+		OutputIDs: []int64{ids[len(ids)-1]},
+		MetaInfo: metaInfo{
+			ID: req.RID, PromptTokens: len(ids), CompletionTokens: 1,
+			FinishReason: finishReason{Type: "length", Length: 1},
+			E2ELatency:   time.Since(start).Seconds(),
+		},
+	})
+	s.log.Debug("generated", "rid", req.RID, "prompt_tokens", len(ids), "latency", time.Since(start))
+	if s.cfg.LateDumpDelay > 0 {
+		s.late.Add(1)
+		go s.lateDump(ctx, req.RID, ids)
+	}
+	s.complete(w)
+}
+
+// tokens returns the request's token ids, or a message saying why it is a bad request.
+func (req *generateRequest) tokens() ([]int64, string) {
+	switch {
+	case req.RID == "":
+		return nil, "rid is required"
+	case req.RID == "." || req.RID == ".." || strings.ContainsAny(req.RID, "/\x00"):
+		return nil, fmt.Sprintf("rid %q cannot name a dump file", req.RID)
+	case req.InputIDs != nil && req.Text != nil:
+		return nil, "give either input_ids or text, not both"
+	case req.InputIDs == nil && req.Text == nil:
+		return nil, "input_ids or text is required"
+	}
+	ids := req.InputIDs
+	if req.Text != nil {
+		ids = Tokenize(*req.Text)
+	}
+	if len(ids) == 0 {
+		return nil, "the prompt is empty"
+	}
+	for i, id := range ids {
+		if id < 0 {
+			return nil, fmt.Sprintf("input_ids[%d] = %d is negative", i, id)
+		}
+	}
+	return ids, ""
+}
+
+// prefill waits this request's turn on the virtual GPU clock: each request reserves
+// tokens/TokensPerSecond seconds after the previous reservation ends.
+func (s *Server) prefill(ctx context.Context, tokens int) error {
+	if s.cfg.TokensPerSecond <= 0 {
+		return nil
+	}
+	d := time.Duration(float64(tokens) / s.cfg.TokensPerSecond * float64(time.Second))
+	s.clockMu.Lock()
+	if now := time.Now(); s.clock.Before(now) {
+		s.clock = now
+	}
+	s.clock = s.clock.Add(d)
+	done := s.clock
+	s.clockMu.Unlock()
+	t := time.NewTimer(time.Until(done))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *Server) lateDump(ctx context.Context, rid string, ids []int64) {
+	defer s.late.Done()
+	t := time.NewTimer(s.cfg.LateDumpDelay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		s.log.Info("late dump abandoned at shutdown", "rid", rid)
+		return
+	}
+	if err := writeDump(s.cfg, rid, ids); err != nil {
+		s.log.Error("late dump failed", "rid", rid, "error", err)
+		return
+	}
+	s.log.Info("late dump written", "rid", rid, "delay", s.cfg.LateDumpDelay)
+}
+
+// complete counts a finished request and fires the count-triggered faults.
+func (s *Server) complete(w http.ResponseWriter) {
+	n := s.completed.Add(1)
+	if s.cfg.HangAfter > 0 && n >= int64(s.cfg.HangAfter) {
+		s.hangOnce.Do(func() {
+			s.log.Info("injected fault: hanging", "completed", n)
+			close(s.hung)
+		})
+	}
+	if s.cfg.ExitAfter > 0 && n >= int64(s.cfg.ExitAfter) {
+		// Flush first so the client gets this answer: the fault is a crash after the
+		// Nth request, not during it.
+		if f, ok := w.(http.Flusher); ok {
+			f.Flush()
+		}
+		s.log.Info("injected fault: exiting", "completed", n, "status", 3)
+		os.Exit(3)
+	}
+}
+
+// blockIfHung holds the request until it is cancelled when the hang fault has fired.
+func (s *Server) blockIfHung(r *http.Request) bool {
+	select {
+	case <-s.hung:
+		<-r.Context().Done()
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Server) healthGenerate(w http.ResponseWriter, r *http.Request) {
+	if s.blockIfHung(r) {
+		return
+	}
+	if time.Now().Before(s.readyAt) {
+		writeError(w, http.StatusServiceUnavailable, "server is starting")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) serverInfo(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{
+		"model_path":               s.cfg.Model,
+		"tp_size":                  s.cfg.TPSize,
+		"disable_radix_cache":      true,
+		"chunked_prefill_size":     -1,
+		"enable_two_batch_overlap": false,
+		"version":                  "simulator",
+		"hidden_size":              s.cfg.HiddenSize,
+		"num_hidden_layers":        s.cfg.NumLayers,
+		"layers_to_capture":        s.cfg.Layers,
+		"hook_version":             s.cfg.HookVersion,
+	})
+}
+
+func (s *Server) modelInfo(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"model_path": s.cfg.Model, "is_generation": true})
+}
+
+// writeError answers in SGLang's error shape: {"error": {"message": ...}}.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "code": status}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	// A write error means the client has gone; there is no one left to tell.
+	_ = json.NewEncoder(w).Encode(v)
+}
