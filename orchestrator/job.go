@@ -49,6 +49,7 @@ type job struct {
 	server       ServerStatus
 	restartTimes []time.Time
 	draining     bool
+	sentAny      bool
 	started      time.Time
 	work         context.Context // senders' and movers' context: outlives a graceful stop's signal
 
@@ -102,7 +103,7 @@ const (
 	tick          = 250 * time.Millisecond
 )
 
-func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Index) (*job, error) {
+func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Index, started time.Time) (*job, error) {
 	prog, err := ix.Load(ds.Len())
 	if err != nil {
 		return nil, err
@@ -125,7 +126,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		sent:     make(chan sendResult, cfg.Run.MaxInflight),
 		moved:    make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
 		moveJobs: make(chan moveJob, cfg.Run.MaxInflight),
-		started:  time.Now(),
+		started:  started,
 	}
 	for i, s := range prog.State {
 		if s != checkpoint.StateDone {
@@ -391,6 +392,10 @@ func (j *job) admit(work context.Context) error {
 	attempts, err := j.ix.BeginAttempts(batch)
 	if err != nil {
 		return fmt.Errorf("record attempts: %w", err)
+	}
+	if !j.sentAny {
+		j.sentAny = true
+		j.log.Info("first request sent", "sample", batch[0], "since_start", time.Since(j.started).Round(time.Millisecond))
 	}
 	for i, s := range batch {
 		rid := shm.RID{Sample: s, Attempt: attempts[i]}

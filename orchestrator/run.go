@@ -59,6 +59,7 @@ type Result struct {
 
 // Run runs the job to completion or until ctx is cancelled (a graceful stop).
 func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, error) {
+	started := time.Now()
 	res := Result{OutputDir: cfg.OutputDir}
 	if opt.Resume && opt.Fresh {
 		return res, fmt.Errorf("%w: --resume and --fresh exclude each other", ErrRefused)
@@ -100,7 +101,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, err
 	}
-	j, err := newJob(cfg, opt, ds, ix)
+	j, err := newJob(cfg, opt, ds, ix, started)
 	if err != nil {
 		return res, err
 	}
