@@ -54,7 +54,16 @@ type Server struct {
 	Layers         []int             `mapstructure:"layers"` // effective layers_to_capture
 	MaxNewTokens   int               `mapstructure:"max_new_tokens"`
 	StartupTimeout time.Duration     `mapstructure:"startup_timeout"`
-	Simulator      Simulator         `mapstructure:"simulator"`
+	// HealthInterval, HealthTimeout and HealthFailures define a hang: that many probes
+	// of /health_generate in a row failing or timing out.
+	HealthInterval time.Duration `mapstructure:"health_interval"`
+	HealthTimeout  time.Duration `mapstructure:"health_timeout"`
+	HealthFailures int           `mapstructure:"health_failures"`
+	// MaxRestarts deaths or hangs within RestartWindow end the run with exit 75.
+	MaxRestarts   int           `mapstructure:"max_restarts"`
+	RestartWindow time.Duration `mapstructure:"restart_window"`
+	LogMaxSize    ByteSize      `mapstructure:"log_max_size"`
+	Simulator     Simulator     `mapstructure:"simulator"`
 }
 
 // Simulator configures the embedded SGLang simulator (server.kind: simulator).
@@ -109,6 +118,12 @@ func Default() Config {
 			Layers:         []int{2, 30, 58},
 			MaxNewTokens:   1,
 			StartupTimeout: 40 * time.Minute,
+			HealthInterval: 15 * time.Second,
+			HealthTimeout:  60 * time.Second,
+			HealthFailures: 3,
+			MaxRestarts:    3,
+			RestartWindow:  30 * time.Minute,
+			LogMaxSize:     256 << 20,
 			Simulator:      Simulator{HiddenSize: 64},
 		},
 		Run: Run{
@@ -285,7 +300,17 @@ func (c *Config) Validate() error {
 	if c.Run.Movers < 1 {
 		bad("run.movers", "must be ≥ 1")
 	}
-	for key, d := range map[string]time.Duration{"run.dump_timeout": c.Run.DumpTimeout, "run.request_timeout": c.Run.RequestTimeout, "server.startup_timeout": c.Server.StartupTimeout} {
+	if c.Server.HealthFailures < 1 {
+		bad("server.health_failures", "must be ≥ 1")
+	}
+	if c.Server.MaxRestarts < 0 {
+		bad("server.max_restarts", "must be ≥ 0")
+	}
+	for key, d := range map[string]time.Duration{
+		"run.dump_timeout": c.Run.DumpTimeout, "run.request_timeout": c.Run.RequestTimeout,
+		"server.startup_timeout": c.Server.StartupTimeout, "server.health_interval": c.Server.HealthInterval,
+		"server.health_timeout": c.Server.HealthTimeout, "server.restart_window": c.Server.RestartWindow,
+	} {
 		if d <= 0 {
 			bad(key, "must be a positive duration (e.g. 5m)")
 		}

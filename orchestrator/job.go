@@ -53,10 +53,12 @@ type job struct {
 	started      time.Time
 	work         context.Context // senders' and movers' context: outlives a graceful stop's signal
 
-	dumps    chan shm.Dump
-	sent     chan sendResult
-	moved    chan moveResult
-	moveJobs chan moveJob
+	dumps     chan shm.Dump
+	sent      chan sendResult
+	moved     chan moveResult
+	moveJobs  chan moveJob
+	health    chan error
+	unhealthy int // consecutive failed health probes
 
 	rates   rateTracker
 	metrics *metrics
@@ -95,13 +97,8 @@ type moveResult struct {
 	err   error
 }
 
-// Limits on restarts: more deaths than this within the window is a node problem for a
-// person or a later cron run, not something to hammer at.
-const (
-	maxRestarts   = 3
-	restartWindow = 10 * time.Minute
-	tick          = 250 * time.Millisecond
-)
+// tick paces admission re-checks, timeouts and status snapshots.
+const tick = 250 * time.Millisecond
 
 func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Index, started time.Time) (*job, error) {
 	prog, err := ix.Load(ds.Len())
@@ -126,6 +123,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		sent:     make(chan sendResult, cfg.Run.MaxInflight),
 		moved:    make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
 		moveJobs: make(chan moveJob, cfg.Run.MaxInflight),
+		health:   make(chan error, 1),
 		started:  started,
 	}
 	for i, s := range prog.State {
@@ -214,6 +212,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 
+	go j.probeHealth(work)
 	loopErr := j.loop(ctx, work)
 	// Let in-flight moves finish: a cancelled move leaves its dump in shm for the next
 	// run, but a finished one saves a resend.
@@ -253,9 +252,13 @@ func (j *job) startServer(ctx context.Context, restart bool) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("%w: stopped while the server was starting", ErrTemporary)
 		}
+		if errors.Is(err, sglang.ErrPortTaken) {
+			return fmt.Errorf("%w: %v", ErrPreflight, err)
+		}
 		return fmt.Errorf("%w: start server: %v", ErrTemporary, err)
 	}
-	j.server = ServerStatus{State: "ready", PID: srv.PID, Adopted: srv.Adopted, Restarts: j.server.Restarts}
+	j.server = ServerStatus{State: "ready", PID: srv.PID, Adopted: srv.Adopted, Restarts: j.server.Restarts, HookVersion: j.server.HookVersion}
+	j.unhealthy = 0
 	if !srv.Adopted {
 		j.removePartials()
 	}
@@ -329,6 +332,10 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 			if err := j.onServerExit(ctx); err != nil {
 				return err
 			}
+		case err := <-j.health:
+			if err := j.onHealth(ctx, err); err != nil {
+				return err
+			}
 		case <-ticker.C:
 			if err := j.measure(); err != nil {
 				j.log.Warn("measure disk usage", "err", err)
@@ -339,6 +346,9 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 				lastLog = time.Now()
 				j.logProgress()
 				j.writeProgress()
+				if err := j.mgr.TrimLog(int64(j.cfg.Server.LogMaxSize)); err != nil {
+					j.log.Warn("trim server log", "err", err)
+				}
 			}
 		}
 	}
@@ -625,6 +635,10 @@ func (j *job) onMoved(r moveResult) error {
 		}
 		delete(j.inflight, s)
 		j.metrics.moveSeconds.Observe(r.took.Seconds())
+		if r.moved.HookVersion != j.server.HookVersion {
+			j.log.Info("server dump hook", "hook_version", r.moved.HookVersion, "protocol", r.moved.Protocol, "layers", r.moved.Layers)
+			j.server.HookVersion = r.moved.HookVersion
+		}
 		return nil
 	case errors.As(r.err, &dumpErr):
 		j.rejected["malformed"]++
@@ -697,6 +711,52 @@ func (j *job) checkTimeouts() {
 	}
 }
 
+// probeHealth asks /health_generate every health_interval; the coordinator judges.
+func (j *job) probeHealth(ctx context.Context) {
+	t := time.NewTicker(j.cfg.Server.HealthInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, j.cfg.Server.HealthTimeout)
+		err := j.client.HealthGenerate(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		select {
+		case j.health <- err:
+		default: // the coordinator is busy (restarting); the next probe will do
+		}
+	}
+}
+
+// onHealth counts failed probes in a row; health_failures of them is a hang: the whole
+// process group is killed and the server restarted like after a death.
+func (j *job) onHealth(ctx context.Context, err error) error {
+	if err == nil || j.server.State != "ready" {
+		j.unhealthy = 0
+		return nil
+	}
+	j.unhealthy++
+	j.log.Warn("server health probe failed", "pid", j.server.PID, "consecutive", j.unhealthy, "err", err)
+	if j.unhealthy < j.cfg.Server.HealthFailures {
+		return nil
+	}
+	j.unhealthy = 0
+	j.log.Error("server hung: killing its process group", "pid", j.server.PID, "failed_probes", j.cfg.Server.HealthFailures)
+	j.rejected["server_hang"]++
+	stopCtx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := j.mgr.Stop(stopCtx, 5*time.Second); err != nil {
+		return fmt.Errorf("%w: kill hung server: %v", ErrTemporary, err)
+	}
+	return j.onServerExit(ctx)
+}
+
 // onServerExit requeues what the dead server held and starts a new one, within a budget.
 func (j *job) onServerExit(ctx context.Context) error {
 	j.log.Error("server exited", "pid", j.server.PID)
@@ -712,13 +772,13 @@ func (j *job) onServerExit(ctx context.Context) error {
 	now := time.Now()
 	recent := j.restartTimes[:0]
 	for _, t := range j.restartTimes {
-		if now.Sub(t) < restartWindow {
+		if now.Sub(t) < j.cfg.Server.RestartWindow {
 			recent = append(recent, t)
 		}
 	}
 	j.restartTimes = append(recent, now)
-	if len(j.restartTimes) > maxRestarts {
-		return fmt.Errorf("%w: server died %d times within %s; see %s", ErrTemporary, len(j.restartTimes), restartWindow, filepath.Join(j.cfg.StateDir, "logs", "server.log"))
+	if len(j.restartTimes) > j.cfg.Server.MaxRestarts {
+		return fmt.Errorf("%w: server died or hung %d times within %s (server.max_restarts %d); see %s", ErrTemporary, len(j.restartTimes), j.cfg.Server.RestartWindow, j.cfg.Server.MaxRestarts, j.mgr.LogPath())
 	}
 	j.server.Restarts++
 	j.server.State = "restarting"

@@ -50,6 +50,8 @@ type ServerStatus struct {
 	PID      int    `json:"pid,omitempty"`
 	Adopted  bool   `json:"adopted"`
 	Restarts int    `json:"restarts"`
+	// HookVersion is the dump hook's version as the dumps report it.
+	HookVersion string `json:"hook_version,omitempty"`
 }
 
 // rateWindow is the span over which live rates are measured.

@@ -41,6 +41,9 @@ const (
 	logTailLines = 20
 )
 
+// ErrPortTaken means a process we did not start listens on the server's port.
+var ErrPortTaken = errors.New("server port taken")
+
 // Server is a running server that a Manager launched or adopted.
 type Server struct {
 	PID, PGID int
@@ -260,7 +263,7 @@ func (m *Manager) checkPortFree() error {
 	if who == "" {
 		who = "a process that /proc does not name"
 	}
-	return fmt.Errorf("port %d on %s is taken by %s, which extract did not start (or no longer recognises): stop it, or set server.port to a free port", m.Spec.Port, m.Spec.Host, who)
+	return fmt.Errorf("%w: port %d on %s is taken by %s, which extract did not start (or no longer recognises): stop it, or set server.port to a free port", ErrPortTaken, m.Spec.Port, m.Spec.Host, who)
 }
 
 // launch starts the server in its own session, records it, and waits until it is ready.
@@ -278,6 +281,9 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 	// The hook refuses to arm without its directory; a fresh tmpfs after a reboot has none.
 	if err := os.MkdirAll(m.Spec.ShmDir, 0o755); err != nil {
 		return nil, fmt.Errorf("server shm dir: %w", err)
+	}
+	if err := rotateLog(m.LogPath()); err != nil {
+		m.log().Warn("rotate server log", "log", m.LogPath(), "error", err)
 	}
 	// The child gets the file itself, never a pipe to us: it must keep logging after we die.
 	logf, err := os.OpenFile(m.LogPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)

@@ -1,0 +1,62 @@
+package sglang
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// logKeep is how many old server logs are kept beside the current one.
+const logKeep = 5
+
+// shiftLogs moves path.1 to path.2 … dropping the oldest, to free path.1.
+func shiftLogs(path string) {
+	os.Remove(fmt.Sprintf("%s.%d", path, logKeep))
+	for i := logKeep - 1; i >= 1; i-- {
+		os.Rename(fmt.Sprintf("%s.%d", path, i), fmt.Sprintf("%s.%d", path, i+1))
+	}
+}
+
+// rotateLog moves a non-empty log to path.1. Each launch starts a fresh log, so the one
+// that explains a crash is never buried in the next server's.
+func rotateLog(path string) error {
+	info, err := os.Stat(path)
+	if os.IsNotExist(err) || (err == nil && info.Size() == 0) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	shiftLogs(path)
+	return os.Rename(path, path+".1")
+}
+
+// TrimLog keeps a running server's log under max bytes: it copies the log to path.1 and
+// truncates it in place (the server writes with O_APPEND, so it carries on at the new
+// end). Lines written between the copy and the truncate are lost, as with logrotate's
+// copytruncate; the alternative is an unbounded file on the state disk.
+func (m *Manager) TrimLog(max int64) error {
+	path := m.LogPath()
+	info, err := os.Stat(path)
+	if err != nil || info.Size() <= max {
+		return nil
+	}
+	src, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	shiftLogs(path)
+	dst, err := os.Create(path + ".1")
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return fmt.Errorf("copy server log %s: %w", path, err)
+	}
+	if err := dst.Close(); err != nil {
+		return err
+	}
+	return os.Truncate(path, 0)
+}
