@@ -340,6 +340,10 @@ func (c *Config) HiddenSize() int {
 // final one in bf16, plus its int64 input id.
 func (c *Config) BytesPerToken() int64 { return int64(4*c.HiddenSize())*2 + 8 }
 
+// OutputBytesPerToken is the size of one token in an output file: a dump's row plus the
+// int64 loss mask.
+func (c *Config) OutputBytesPerToken() int64 { return c.BytesPerToken() + 8 }
+
 // Fingerprint covers what shapes the output files, so resuming a job with a different
 // model, width or layer set is caught instead of mixing files.
 func (c *Config) Fingerprint() string {

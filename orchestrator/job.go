@@ -45,7 +45,8 @@ type job struct {
 	shmBudget    int64
 	shmUsage     shm.Usage
 	diskFree     int64
-	moveErrors   int
+	moveErrors   int // consecutive failures to store a dump
+	lastMoveErr  string
 	server       ServerStatus
 	restartTimes []time.Time
 	draining     bool
@@ -354,21 +355,29 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 	}
 }
 
-// expectedBytes is the staging size of a sample's dump.
+// expectedBytes is what a sample will take, in staging and then on the output disk: the
+// output file's size (a dump plus the loss mask), plus room for header, page rounding
+// and directory blocks.
 func (j *job) expectedBytes(sample int) int64 {
-	return int64(j.ds.Tokens(sample))*j.cfg.BytesPerToken() + 4096
+	return int64(j.ds.Tokens(sample))*j.cfg.OutputBytesPerToken() + 16<<10
 }
 
 // admit sends samples while the window and the budgets allow (invariant 5).
 func (j *job) admit(work context.Context) error {
 	var batch []int
 	var reserved int64
+	// Every flight counts until its move lands, and a landed move is taken off diskFree
+	// at once (onMoved): between two measurements the estimate never runs behind the disk.
 	for _, f := range j.inflight {
-		if !f.moving {
-			reserved += f.expected
-		}
+		reserved += f.expected
 	}
 	j.paused = j.paused[:0]
+	if j.moveErrors > 0 {
+		// Storing is failing (a full disk behind our back, an I/O error): admitting more
+		// would only pile dumps up in staging.
+		j.paused = append(j.paused, "cannot store dumps: "+j.lastMoveErr)
+		return nil
+	}
 	now := time.Now()
 	for len(j.inflight)+len(batch) < j.cfg.Run.MaxInflight {
 		s, fromRetry := j.next(now)
@@ -631,6 +640,12 @@ func (j *job) onMoved(r moveResult) error {
 			j.counters.Done++
 			j.counters.BytesWritten += r.moved.Bytes
 			j.counters.Tokens += int64(r.moved.Tokens)
+			// Charge what was reserved (block rounding included) until the next measurement.
+			used := r.moved.Bytes
+			if f != nil {
+				used = max(used, f.expected)
+			}
+			j.diskFree -= used
 			j.doneTokens += int64(r.moved.Tokens)
 		}
 		delete(j.inflight, s)
@@ -655,12 +670,12 @@ func (j *job) onMoved(r moveResult) error {
 		// The dump is fine but we could not store it (disk full, I/O error): keep it in
 		// shm and try again; admission pauses meanwhile because the disk check sees it.
 		j.moveErrors++
-		level := slog.LevelWarn
+		j.lastMoveErr = r.err.Error()
 		if errors.Is(r.err, syscall.ENOSPC) {
-			j.paused = append(j.paused, "output disk full")
+			j.lastMoveErr = "output disk full (" + j.cfg.OutputDir + ")"
 		}
-		j.log.Log(context.Background(), level, "could not store dump; will retry", "sample", s, "file", r.dump.Path, "err", r.err, "consecutive", j.moveErrors)
-		if j.moveErrors > 50 {
+		j.log.Warn("could not store dump; keeping it in staging and retrying", "sample", s, "file", r.dump.Path, "err", r.err, "consecutive", j.moveErrors)
+		if !errors.Is(r.err, syscall.ENOSPC) && j.moveErrors > 50 {
 			return fmt.Errorf("%w: storing dumps keeps failing (%d in a row), last: %v", ErrTemporary, j.moveErrors, r.err)
 		}
 		go func(d shm.Dump) {
