@@ -34,7 +34,15 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 	if err != nil {
 		return err
 	}
-	log, closeLog, err := newLogger(cfg, cmd.ErrOrStderr())
+	// On a terminal a progress bar shows rate and ETA; elsewhere (cron, systemd) the
+	// periodic progress log lines do.
+	stderr := cmd.ErrOrStderr()
+	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
+		bar := &progressBar{w: f}
+		stderr, opt.OnStatus = bar, bar.update
+		defer bar.finish()
+	}
+	log, closeLog, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
 	}
