@@ -150,6 +150,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 		ModelPath: model, TPSize: s.TPSize, GPUs: s.GPUs, MemFraction: s.MemFraction,
 		ExtraArgs: s.ExtraArgs, Env: s.Env, Python: s.Python,
 		Layers: s.Layers, ShmDir: cfg.ShmDir,
+		HookDir: filepath.Join(cfg.StateDir, sglang.HookDirName()),
 		Simulator: sglang.SimulatorSpec{
 			Executable:      exe,
 			TokensPerSecond: s.Simulator.TokensPerSecond,

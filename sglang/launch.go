@@ -35,8 +35,11 @@ type LaunchSpec struct {
 	// Python is the interpreter for kind sglang (default "python3").
 	Python string
 	// Layers is the effective layers_to_capture (SpecForge's ids plus one).
-	Layers    []int
-	ShmDir    string
+	Layers []int
+	ShmDir string
+	// HookDir is where the dump hook shipped in this binary is installed for kind sglang;
+	// it goes first on the server's PYTHONPATH, where sitecustomize.py activates it.
+	HookDir   string
 	Simulator SimulatorSpec
 }
 
@@ -182,6 +185,15 @@ func (s LaunchSpec) addedEnv() []string {
 			ids[i] = strconv.Itoa(g)
 		}
 		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+	}
+	if s.Kind == KindSGLang && s.HookDir != "" {
+		path := s.HookDir
+		if prev := s.Env["PYTHONPATH"]; prev != "" {
+			path += ":" + prev
+		} else if prev := os.Getenv("PYTHONPATH"); prev != "" {
+			path += ":" + prev
+		}
+		env = append(env, "PYTHONPATH="+path)
 	}
 	return append(env, "SGLANG_HS_DIR="+s.ShmDir, "SGLANG_HS_LAYERS="+joinLayers(s.Layers))
 }

@@ -1,6 +1,8 @@
 package sglang
 
 import (
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -204,5 +206,31 @@ func TestBaseURLReachesWildcardListenersThroughLoopback(t *testing.T) {
 		if got := s.BaseURL(); got != tc.want {
 			t.Errorf("host %q: BaseURL %q, want %q", tc.host, got, tc.want)
 		}
+	}
+}
+
+func TestSGLangServerGetsTheShippedHookFirstOnPythonPath(t *testing.T) {
+	t.Setenv("PYTHONPATH", "/opt/site")
+	dir := filepath.Join(t.TempDir(), HookDirName())
+	spec := LaunchSpec{Kind: KindSGLang, Host: "127.0.0.1", Port: 30000, ModelPath: "/m", TPSize: 1, Layers: []int{2, 30, 58}, ShmDir: "/dev/shm/x", HookDir: dir}
+	var got string
+	for _, kv := range spec.Environ() {
+		if v, ok := strings.CutPrefix(kv, "PYTHONPATH="); ok {
+			got = v
+		}
+	}
+	if got != dir+":/opt/site" {
+		t.Errorf("PYTHONPATH = %q, want the hook dir first, then the inherited path", got)
+	}
+	if err := InstallHook(dir); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"sitecustomize.py", "extract_hook/__init__.py", "extract_hook/writer.py"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("installed hook lacks %s: %v", f, err)
+		}
+	}
+	if !strings.Contains(dir, HookVersion()) {
+		t.Errorf("hook dir %s does not carry the hook version %s", dir, HookVersion())
 	}
 }
