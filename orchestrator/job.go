@@ -264,6 +264,16 @@ func (j *job) startServer(ctx context.Context, restart bool) error {
 	if !srv.Adopted {
 		j.removePartials()
 	}
+	hook, ok := sglang.ServerHook(j.cfg.ShmDir, srv.PGID)
+	if !ok {
+		j.mgr.Stop(context.Background(), 30*time.Second)
+		return fmt.Errorf("%w: server pid %d is up but its dump hook is not armed (no .hook-<pid>.json marker of its process group in %s); no dumps would come: see %s", ErrPreflight, srv.PID, j.cfg.ShmDir, j.mgr.LogPath())
+	}
+	if hook.Protocol != "1" {
+		j.mgr.Stop(context.Background(), 30*time.Second)
+		return fmt.Errorf("%w: server pid %d runs dump hook %s speaking protocol %q; this extract reads protocol 1", ErrPreflight, srv.PID, hook.HookVersion, hook.Protocol)
+	}
+	j.server.HookVersion = hook.HookVersion
 	info, err := j.client.ServerInfo(ctx)
 	if err != nil {
 		return fmt.Errorf("%w: server info: %v", ErrTemporary, err)
@@ -272,7 +282,7 @@ func (j *job) startServer(ctx context.Context, restart bool) error {
 		j.mgr.Stop(context.Background(), 30*time.Second)
 		return fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, j.mgr.Spec.BaseURL(), err)
 	}
-	j.log.Info("server ready", "pid", srv.PID, "adopted", srv.Adopted, "url", j.mgr.Spec.BaseURL(), "restart", restart)
+	j.log.Info("server ready", "pid", srv.PID, "adopted", srv.Adopted, "url", j.mgr.Spec.BaseURL(), "restart", restart, "hook_version", hook.HookVersion, "layers", hook.Layers)
 	return nil
 }
 

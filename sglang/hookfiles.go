@@ -129,3 +129,14 @@ func InstallHook(dir string) error {
 		return nil
 	})
 }
+
+// ServerHook finds the marker of the hook armed in the server whose process group is
+// pgid: the proof that dumps will come, and the hook version they will carry.
+func ServerHook(shmDir string, pgid int) (HookMarker, bool) {
+	for _, m := range LiveHookMarkers(shmDir) {
+		if st, err := readStat(m.PID); err == nil && st.pgid == pgid {
+			return m, true
+		}
+	}
+	return HookMarker{}, false
+}

@@ -131,14 +131,15 @@ func (w *Watcher) Scan() ([]Dump, error) {
 	return dumps, nil
 }
 
-// classify accepts final dump names only. Partials are the hook's work in progress; any
-// other name is reported once and never opened.
+// classify accepts final dump names only; any other name that is not the hook's own is
+// reported once, and none is ever opened.
 func (w *Watcher) classify(path string) (Dump, bool) {
 	name := filepath.Base(path)
 	if rid, ok := ParseDumpName(name); ok {
 		return Dump{Path: path, RID: rid}, true
 	}
-	if strings.HasSuffix(name, PartialSuffix) || w.seen[name] {
+	// Partials are work in progress; dot files are the hook's (its .hook-<pid>.json marker).
+	if strings.HasSuffix(name, PartialSuffix) || strings.HasPrefix(name, ".") || w.seen[name] {
 		return Dump{}, false
 	}
 	w.seen[name] = true

@@ -3,6 +3,7 @@ package simulator
 import (
 	"bufio"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,4 +93,37 @@ func joinInts(xs []int) string {
 		s[i] = strconv.Itoa(x)
 	}
 	return strings.Join(s, ",")
+}
+
+// writeMarker announces the simulated hook the way the real one does at activation:
+// `.hook-<pid>.json` in the staging dir, written by rename.
+func writeMarker(cfg Config) (string, error) {
+	removeDeadMarkers(cfg.ShmDir)
+	path := filepath.Join(cfg.ShmDir, fmt.Sprintf(".hook-%d.json", os.Getpid()))
+	b, err := json.Marshal(map[string]any{
+		"pid": os.Getpid(), "hook_version": cfg.HookVersion, "protocol": "1",
+		"layers": joinInts(cfg.Layers), "model": cfg.Model, "tp_size": cfg.TPSize,
+	})
+	if err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(path+".tmp", b, 0o644); err != nil {
+		return "", fmt.Errorf("write hook marker: %w", err)
+	}
+	return path, os.Rename(path+".tmp", path)
+}
+
+// removeDeadMarkers drops the markers of servers that died without cleaning up, as the
+// real hook does, so the markers left always belong to live servers.
+func removeDeadMarkers(dir string) {
+	matches, _ := filepath.Glob(filepath.Join(dir, ".hook-*.json"))
+	for _, m := range matches {
+		pid, err := strconv.Atoi(strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), ".hook-"), ".json"))
+		if err != nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+			os.Remove(m)
+		}
+	}
 }

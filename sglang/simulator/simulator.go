@@ -126,6 +126,7 @@ type Server struct {
 	log     *slog.Logger
 	ln      net.Listener
 	readyAt time.Time
+	marker  string // the hook marker file, removed on a clean shutdown
 
 	received  atomic.Int64 // /generate calls, for Fail503Every
 	completed atomic.Int64 // answered 200, for ExitAfter and HangAfter
@@ -159,7 +160,12 @@ func Listen(cfg Config, log *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("simulator listen on %s:%d: %w", cfg.Host, cfg.Port, err)
 	}
-	s := &Server{cfg: cfg, log: log, ln: ln, readyAt: time.Now().Add(cfg.StartupDelay), hung: make(chan struct{})}
+	marker, err := writeMarker(cfg)
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: log, ln: ln, readyAt: time.Now().Add(cfg.StartupDelay), hung: make(chan struct{}), marker: marker}
 	log.Info("simulator listening", "addr", s.Addr(), "pid", os.Getpid(), "model", cfg.Model,
 		"hidden_size", cfg.HiddenSize, "layers", joinInts(cfg.Layers), "shm_dir", cfg.ShmDir,
 		"tokens_per_second", cfg.TokensPerSecond, "startup_delay", cfg.StartupDelay)
@@ -202,6 +208,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	err := srv.Shutdown(shutdownCtx)
 	s.late.Wait()
+	os.Remove(s.marker)
 	s.log.Info("simulator stopped", "addr", s.Addr(), "completed", s.completed.Load())
 	if err != nil {
 		return fmt.Errorf("simulator shutdown on %s: %w", s.Addr(), err)
