@@ -101,6 +101,14 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, err
 	}
+	// The same triage as `extract doctor`, before any GPU time is spent.
+	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Preflight: true})
+	if err != nil {
+		return res, err
+	}
+	if err := rep.Err(); err != nil {
+		return res, err
+	}
 	j, err := newJob(cfg, opt, ds, ix, started)
 	if err != nil {
 		return res, err

@@ -55,8 +55,8 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 	res, err := orchestrator.Run(cmd.Context(), cfg, opt)
 	out := cmd.OutOrStdout()
 	if err != nil {
-		if errors.Is(err, orchestrator.ErrBadDataset) || errors.Is(err, orchestrator.ErrRefused) {
-			return err
+		if errors.Is(err, orchestrator.ErrBadDataset) || errors.Is(err, orchestrator.ErrRefused) || errors.Is(err, orchestrator.ErrPreflight) {
+			return err // said in full on stderr; the preflight's checks are in the log already
 		}
 		log.Error("run ended with an error", "err", err, "done", res.Done, "total", res.Total)
 		return err

@@ -172,7 +172,7 @@ func TestForeignProcessOnTheServerPortIsNeverKilled(t *testing.T) {
 	port := ln.Addr().(*net.TCPAddr).Port
 	j.env = append(j.env, "EXTRACT_SERVER_PORT="+strconv.Itoa(port))
 	r := j.run("run")
-	if r.code != 3 || !strings.Contains(r.stderr, "port "+strconv.Itoa(port)) || !strings.Contains(r.stderr, "did not start") {
+	if r.code != 3 || !strings.Contains(r.stderr, ":"+strconv.Itoa(port)+" is taken by pid") || !strings.Contains(r.stderr, "did not start") {
 		t.Fatalf("exit %d, stderr %q; want exit 3 naming the port", r.code, r.stderr)
 	}
 	c, err := net.Dial("tcp", ln.Addr().String())

@@ -1,0 +1,883 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"golang.org/x/sys/unix"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
+	"github.com/extract-dev/extract/shm"
+)
+
+// The statuses of a Check.
+const (
+	CheckOK   = "ok"
+	CheckWarn = "warn"
+	CheckFail = "fail"
+)
+
+// Check is one finding of Doctor: what was looked at, how it stands, why, and what to do.
+type Check struct {
+	Name   string `json:"name"`
+	Status string `json:"status"` // ok | warn | fail
+	Reason string `json:"reason"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+// DoctorReport is every check Doctor made. OK is true when none failed: a run could start.
+type DoctorReport struct {
+	Checks []Check `json:"checks"`
+	OK     bool    `json:"ok"`
+	// RunningPID is the run that holds the lock, 0 for none: another `extract run`
+	// would exit 0 at once, leaving it be.
+	RunningPID int `json:"running_pid,omitempty"`
+}
+
+// Failed lists the checks that failed.
+func (r DoctorReport) Failed() []Check {
+	var out []Check
+	for _, c := range r.Checks {
+		if c.Status == CheckFail {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Err is nil when a run could start, else an ErrPreflight error (exit 3) that names each
+// failed check with its fix.
+func (r DoctorReport) Err() error {
+	failed := r.Failed()
+	if len(failed) == 0 {
+		return nil
+	}
+	parts := make([]string, len(failed))
+	for i, c := range failed {
+		parts[i] = c.Name + ": " + c.Reason
+		if c.Fix != "" {
+			parts[i] += " (fix: " + c.Fix + ")"
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrPreflight, strings.Join(parts, "; "))
+}
+
+// DoctorOptions are Doctor's inputs besides the config.
+type DoctorOptions struct {
+	// NVML is the GPU library; nil means the system's (nvml.New()). Tests pass a mock.
+	NVML nvml.Interface
+	// Dataset, when set, is the job's dataset already opened (run's preflight); nil:
+	// Doctor opens cfg.Dataset itself.
+	Dataset *Dataset
+	// Index, when set, is the job's index opened by a caller that holds the run lock;
+	// nil: Doctor opens it read-only, and only when no run holds the lock.
+	Index *checkpoint.Index
+	// Log receives each check that is not ok; nil logs nothing.
+	Log *slog.Logger
+	// Preflight is set by `extract run`: a disk too small for the rest of the job only
+	// warns there, because admission pauses at disk.reserve and resumes when room
+	// returns; a disk that cannot take even the next sample still fails.
+	Preflight bool
+}
+
+// Doctor limits. The stat check of the index samples this many done records, spread
+// evenly, so it stays quick at a million samples; the probe of the server's Python is
+// bounded because an interpreter on a hung network filesystem would never answer.
+const (
+	doctorStatSample    = 200
+	doctorPythonTimeout = 30 * time.Second
+	doctorIndexTimeout  = time.Second
+	// idleGPUMemory is what a GPU may show used with no process listed (driver
+	// reservations) before Doctor suspects a process it cannot see.
+	idleGPUMemory = 1 << 30
+	maxCmdline    = 200
+)
+
+// Doctor checks whether a run of cfg could start on this machine: GPUs and who holds
+// them, the server port, model, dump hook and Python, the output and state dirs, free
+// space against what the remaining samples need, the staging dir and its leftovers, and
+// the index. It never opens the index while a run holds the lock, never signals or
+// changes anything, and returns an error only when ctx ends.
+func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (DoctorReport, error) {
+	d := &doctor{cfg: cfg, opt: opt, ctx: ctx}
+	defer d.close()
+	if opt.Log == nil {
+		d.opt.Log = slog.New(slog.DiscardHandler)
+	}
+	dataset := d.loadDataset()
+	index := d.loadIndex()
+	var err error
+	d.server, err = sglang.LoadServerIdentity(cfg.StateDir, d.opt.Log)
+	if err != nil {
+		d.opt.Log.Warn("doctor: cannot tell our server's processes", "state_dir", cfg.StateDir, "err", err)
+	}
+
+	var rep DoctorReport
+	steps := []struct {
+		server bool // needed only to run the server: moot once the job is complete
+		run    func() []Check
+	}{
+		{true, d.checkGPUs},
+		{true, d.checkPort},
+		{true, d.checkModel},
+		{true, d.checkHook},
+		{true, d.checkPython},
+		{false, func() []Check { return []Check{dataset} }},
+		{false, d.checkDirs},
+		{false, d.checkDisk},
+		{true, d.checkStaging},
+		{false, func() []Check { return index }},
+	}
+	for _, s := range steps {
+		if err := ctx.Err(); err != nil {
+			return rep, err
+		}
+		for _, c := range s.run() {
+			if s.server && d.complete && c.Status == CheckFail {
+				c.Status = CheckWarn
+				c.Reason += " (no server is needed: the job is complete)"
+			}
+			rep.Checks = append(rep.Checks, c)
+		}
+	}
+	rep.OK = len(rep.Failed()) == 0
+	rep.RunningPID = d.running
+	for _, c := range rep.Checks {
+		switch c.Status {
+		case CheckFail:
+			d.opt.Log.Error("preflight check failed", "check", c.Name, "reason", c.Reason, "fix", c.Fix)
+		case CheckWarn:
+			d.opt.Log.Warn("preflight check warns", "check", c.Name, "reason", c.Reason, "fix", c.Fix)
+		}
+	}
+	return rep, nil
+}
+
+type doctor struct {
+	cfg *configs.Config
+	opt DoctorOptions
+	ctx context.Context
+
+	ds       *Dataset
+	ownDS    bool
+	ix       *checkpoint.Index
+	ownIX    bool
+	prog     *checkpoint.Progress // nil when the index was not read
+	running  int                  // pid of the run holding the lock, 0 for none
+	complete bool
+	server   *sglang.ServerIdentity
+}
+
+func (d *doctor) close() {
+	if d.ownDS && d.ds != nil {
+		d.ds.Close()
+	}
+	if d.ownIX && d.ix != nil {
+		d.ix.Close()
+	}
+}
+
+func (d *doctor) kindSGLang() bool { return d.cfg.Server.Kind == sglang.KindSGLang }
+
+func okCheck(name, format string, args ...any) Check {
+	return Check{Name: name, Status: CheckOK, Reason: fmt.Sprintf(format, args...)}
+}
+
+func warnCheck(name, fix, format string, args ...any) Check {
+	return Check{Name: name, Status: CheckWarn, Reason: fmt.Sprintf(format, args...), Fix: fix}
+}
+
+func failCheck(name, fix, format string, args ...any) Check {
+	return Check{Name: name, Status: CheckFail, Reason: fmt.Sprintf(format, args...), Fix: fix}
+}
+
+func fmtSize(n int64) string { return configs.ByteSize(n).String() }
+
+// loadDataset opens the dataset (unless the caller did) and says how it stands.
+func (d *doctor) loadDataset() Check {
+	d.ds = d.opt.Dataset
+	if d.ds == nil {
+		ds, err := OpenDataset(d.cfg.Dataset)
+		if err != nil {
+			fix := "point dataset at the job's JSONL file"
+			if strings.Contains(err.Error(), " line ") {
+				fix = "fix that line (the sample index is the 0-based line number)"
+			}
+			return failCheck("dataset", fix, "%v", err)
+		}
+		d.ds, d.ownDS = ds, true
+	}
+	return okCheck("dataset", "%d samples, %d tokens, sha256 %.12s… (%s)", d.ds.Len(), d.ds.TotalTokens(nil), d.ds.Fingerprint, d.ds.Path)
+}
+
+// loadIndex opens the index read-only (unless the caller holds it) and reads every
+// sample's state; the checks it returns are shown last.
+func (d *doctor) loadIndex() []Check {
+	const name = "index"
+	path := filepath.Join(d.cfg.StateDir, "index.db")
+	d.ix = d.opt.Index
+	if d.ix == nil {
+		if pid, held := LockHolder(d.cfg.StateDir); held {
+			d.running = pid
+			return []Check{warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
+				"a run is in progress (pid %d); the index is not opened while it runs", pid)}
+		}
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return []Check{okCheck(name, "none yet at %s; the first run creates it", path)}
+		}
+		ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: doctorIndexTimeout})
+		if errors.Is(err, checkpoint.ErrLocked) {
+			if pid, held := LockHolder(d.cfg.StateDir); held {
+				d.running = pid
+				return []Check{warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid)}
+			}
+			return []Check{warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err)}
+		}
+		if err != nil {
+			fix := "keep a copy of the file; the output files are self-describing, and `extract verify --repair` rebuilds the index from them"
+			if strings.Contains(err.Error(), "schema_version") {
+				fix = "use the extract release that wrote this index"
+			}
+			return []Check{failCheck(name, fix, "%v", err)}
+		}
+		d.ix, d.ownIX = ix, true
+	}
+	meta, haveMeta, err := d.ix.Meta()
+	if err != nil {
+		return []Check{failCheck(name, "", "read %s: %v", path, err)}
+	}
+	if !haveMeta {
+		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", path)}
+	}
+	c, err := d.ix.Counters()
+	if err != nil {
+		return []Check{failCheck(name, "", "read %s: %v", path, err)}
+	}
+	progress := c.Done+c.Failed > 0
+	var checks []Check
+	if d.ds != nil && progress {
+		if meta.DatasetFingerprint != d.ds.Fingerprint {
+			return []Check{failCheck(name, "point dataset back at the job's file, or start over with `extract run --fresh`",
+				"the job in %s was started on another dataset (%s, %d samples, sha256 %.12s…; now %s, %d samples, sha256 %.12s…): `extract run --resume` would refuse",
+				path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
+		}
+		if meta.ConfigFingerprint != d.cfg.Fingerprint() {
+			checks = append(checks, failCheck(name, "restore server.model_path, hidden size and layers, or start over with `extract run --fresh`",
+				"the model, hidden size or captured layers differ from the ones the job in %s was started with (config fingerprint %s, now %s): `extract run --resume` would refuse",
+				path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
+		}
+	}
+	prog, err := d.ix.Load(meta.Total)
+	if err != nil {
+		return append(checks, failCheck(name, "`extract verify --repair` checks every record against the files", "read the records of %s: %v", path, err))
+	}
+	// The progress describes this dataset only if the index was made for it.
+	if d.ds != nil && (meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && meta.Total == d.ds.Len() {
+		d.prog = prog
+		d.complete = c.Done == meta.Total
+	}
+	var done []int
+	for s, st := range prog.State {
+		if st == checkpoint.StateDone {
+			done = append(done, s)
+		}
+	}
+	summary := fmt.Sprintf("schema v%d, %d of %d samples done, %d failed, %s written", checkpoint.SchemaVersion, c.Done, meta.Total, c.Failed, fmtSize(c.BytesWritten))
+	if len(done) == 0 {
+		return append(checks, okCheck(name, "%s", summary))
+	}
+	problems, checked, err := d.statDone(done)
+	if err != nil {
+		return append(checks, failCheck(name, "", "%s; %v", summary, err))
+	}
+	if len(problems) > 0 {
+		shown := problems
+		if len(shown) > 3 {
+			shown = shown[:3]
+		}
+		return append(checks, failCheck(name, "run `extract verify --repair` with this config: it checks every file and returns the bad samples to pending",
+			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(problems), checked, d.cfg.OutputDir, strings.Join(shown, "; ")))
+	}
+	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, checked, len(done)))
+}
+
+// statDone checks that the output files of up to doctorStatSample done samples, spread
+// evenly over them, exist with the size the index recorded.
+func (d *doctor) statDone(done []int) (problems []string, checked int, err error) {
+	n := min(len(done), doctorStatSample)
+	for k := range n {
+		s := done[k*len(done)/n]
+		r, found, err := d.ix.Get(s)
+		if err != nil {
+			return problems, checked, fmt.Errorf("read record of sample %d: %w", s, err)
+		}
+		if !found {
+			continue
+		}
+		checked++
+		path := checkpoint.OutputPath(d.cfg.OutputDir, s)
+		st, err := os.Stat(path)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			problems = append(problems, fmt.Sprintf("sample %d: %s missing", s, path))
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("sample %d: %v", s, err))
+		case st.Size() != r.Bytes:
+			problems = append(problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", s, path, st.Size(), r.Bytes))
+		}
+	}
+	return problems, checked, nil
+}
+
+// wantedGPUs are the NVML indices the server will use: server.gpus, else the first
+// tp_size GPUs, which is what SGLang takes without CUDA_VISIBLE_DEVICES.
+func (d *doctor) wantedGPUs() []int {
+	if len(d.cfg.Server.GPUs) > 0 {
+		return d.cfg.Server.GPUs
+	}
+	out := make([]int, d.cfg.Server.TPSize)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+func (d *doctor) checkGPUs() []Check {
+	if !d.kindSGLang() {
+		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
+	}
+	wanted := d.wantedGPUs()
+	rep := sglang.NewGPUInspector(d.opt.NVML).Inspect(wanted)
+	if !rep.Available {
+		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
+			"%s; server.kind sglang needs GPUs %s", rep.Reason, joinGPUIndices(wanted))}
+	}
+	var absent []int
+	for _, g := range rep.GPUs {
+		if !g.Present {
+			absent = append(absent, g.Index)
+		}
+	}
+	var checks []Check
+	if len(absent) > 0 {
+		checks = append(checks, failCheck("gpu", "set server.gpus (and server.tp_size) to GPUs this node has",
+			"the job wants GPUs %s but NVML sees %d GPU(s) (driver %s): %s missing", joinGPUIndices(wanted), rep.Count, rep.Driver, joinGPUIndices(absent)))
+	} else {
+		checks = append(checks, okCheck("gpu", "driver %s, %d GPU(s); the job wants %s", rep.Driver, rep.Count, joinGPUIndices(wanted)))
+	}
+	for _, g := range rep.GPUs {
+		if g.Present {
+			checks = append(checks, d.checkGPU(g))
+		}
+	}
+	return checks
+}
+
+// checkGPU says whether one wanted GPU is free for our server, naming every other
+// process on it and how to stop it.
+func (d *doctor) checkGPU(g sglang.GPU) Check {
+	name := fmt.Sprintf("gpu %d", g.Index)
+	head := fmt.Sprintf("%s: %s of %s used", g.Name, fmtSize(int64(g.MemoryUsed)), fmtSize(int64(g.MemoryTotal)))
+	if g.Utilization >= 0 {
+		head += fmt.Sprintf(", %d%% busy", g.Utilization)
+	}
+	var ours, foreign []string
+	var fixes []string
+	for _, p := range g.Processes {
+		if d.server.Owns(p.PID) {
+			ours = append(ours, strconv.Itoa(p.PID))
+			continue
+		}
+		foreign = append(foreign, describeGPUProcess(p))
+		if f := stopFix(p); !slices.Contains(fixes, f) {
+			fixes = append(fixes, f)
+		}
+	}
+	switch {
+	case len(foreign) > 0:
+		return failCheck(name, strings.Join(fixes, "; "), "%s; held by %s: not our server", head, strings.Join(foreign, "; "))
+	case g.Err != nil:
+		return warnCheck(name, "run `nvidia-smi` to see who holds the GPU", "%s; %v", head, g.Err)
+	case len(ours) > 0:
+		return okCheck(name, "%s; held by our server (pid %s), which the run adopts or replaces", head, strings.Join(ours, ", "))
+	case g.MemoryUsed > idleGPUMemory:
+		return warnCheck(name, "run `nvidia-smi` on the host: a process in another container or VM may hold the memory",
+			"%s, but NVML lists no process on it", head)
+	}
+	return okCheck(name, "%s; no processes", head)
+}
+
+func describeGPUProcess(p sglang.GPUProcess) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pid %d", p.PID)
+	if p.Cmdline != nil {
+		cmd := strings.Join(p.Cmdline, " ")
+		if len(cmd) > maxCmdline {
+			cmd = cmd[:maxCmdline] + "…"
+		}
+		fmt.Fprintf(&b, " (%s)", cmd)
+	} else {
+		b.WriteString(" (not visible in /proc here)")
+	}
+	var attrs []string
+	if p.MemoryKnown {
+		attrs = append(attrs, fmtSize(int64(p.UsedMemory)))
+	}
+	if p.Unit != "" {
+		kind := "systemd unit"
+		if p.UserUnit {
+			kind = "systemd user unit"
+		}
+		attrs = append(attrs, kind+" "+p.Unit)
+	}
+	if p.DeviceUnconfirmed {
+		attrs = append(attrs, "holds no /dev/nvidia* file here, so NVML's pid may be another PID namespace's")
+	}
+	if len(attrs) > 0 {
+		fmt.Fprintf(&b, " [%s]", strings.Join(attrs, ", "))
+	}
+	return b.String()
+}
+
+// stopFix says how to stop a foreign GPU process for good: a systemd service would
+// come back on the next boot (as vLLM did after the incident) unless it is disabled.
+func stopFix(p sglang.GPUProcess) string {
+	switch {
+	case p.Cmdline == nil:
+		return fmt.Sprintf("pid %d is not visible here (NVML reports host pids inside a container): find and stop it with `nvidia-smi` on the host", p.PID)
+	case p.Unit != "" && p.UserUnit:
+		return fmt.Sprintf("as the user that owns pid %d: systemctl --user disable --now %s", p.PID, p.Unit)
+	case p.Unit != "":
+		return fmt.Sprintf("sudo systemctl disable --now %s (stops it and keeps it from starting at boot)", p.Unit)
+	case p.DeviceUnconfirmed:
+		return fmt.Sprintf("first make sure pid %d is the GPU process (`nvidia-smi` on the host), then: kill %d", p.PID, p.PID)
+	}
+	return fmt.Sprintf("kill %d (kill -9 %d if it does not exit)", p.PID, p.PID)
+}
+
+func (d *doctor) checkPort() []Check {
+	s := d.cfg.Server
+	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
+	ln, err := net.Listen("tcp", addr)
+	if err == nil {
+		ln.Close()
+		return []Check{okCheck("port", "%s is free", addr)}
+	}
+	if !errors.Is(err, syscall.EADDRINUSE) {
+		return []Check{failCheck("port", "set server.host to an address of this machine", "cannot listen on %s: %v", addr, err)}
+	}
+	if d.server != nil && d.server.Leader && d.server.Port == s.Port {
+		return []Check{okCheck("port", "%s is held by our server (pid %d), which the run adopts or replaces", addr, d.server.PID)}
+	}
+	who := sglang.PortHolder(s.Port)
+	if who == "" {
+		who = "a process that /proc does not name"
+	}
+	return []Check{failCheck("port", "stop it, or set server.port to a free port", "%s is taken by %s, which extract did not start", addr, who)}
+}
+
+// checkModel reads the model's config.json and compares its shape with the config: a
+// mismatch would make every dump the wrong width, and every one of them rejected.
+func (d *doctor) checkModel() []Check {
+	const name = "model"
+	if !d.kindSGLang() {
+		return []Check{okCheck(name, "none needed (server.kind %s)", d.cfg.Server.Kind)}
+	}
+	dir := d.cfg.Server.ModelPath
+	fixPath := "set server.model_path to the model's local folder (config.json and weights)"
+	st, err := os.Stat(dir)
+	if err != nil {
+		return []Check{failCheck(name, fixPath, "server.model_path: %v", err)}
+	}
+	if !st.IsDir() {
+		return []Check{failCheck(name, fixPath, "server.model_path %s is not a folder", dir)}
+	}
+	cfgPath := filepath.Join(dir, "config.json")
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		return []Check{failCheck(name, fixPath, "%v", err)}
+	}
+	var hf struct {
+		Architectures []string `json:"architectures"`
+		modelShape
+		TextConfig *modelShape `json:"text_config"`
+	}
+	if err := json.Unmarshal(b, &hf); err != nil {
+		return []Check{failCheck(name, "repair or replace "+cfgPath, "%s is not valid JSON: %v", cfgPath, err)}
+	}
+	shape := hf.modelShape
+	if shape.HiddenSize == 0 && hf.TextConfig != nil {
+		// Multimodal models (Kimi-K2.5) keep the language model's shape under text_config.
+		shape = *hf.TextConfig
+	}
+	var wrong []string
+	if shape.HiddenSize != 0 && shape.HiddenSize != d.cfg.Server.HiddenSize {
+		wrong = append(wrong, fmt.Sprintf("hidden_size %d (server.hidden_size is %d)", shape.HiddenSize, d.cfg.Server.HiddenSize))
+	}
+	if shape.NumLayers != 0 && shape.NumLayers != d.cfg.Server.NumLayers {
+		wrong = append(wrong, fmt.Sprintf("num_hidden_layers %d (server.num_layers is %d)", shape.NumLayers, d.cfg.Server.NumLayers))
+	}
+	if len(wrong) > 0 {
+		return []Check{failCheck(name, "set server.hidden_size, server.num_layers and server.layers for this model, or point server.model_path at the intended one",
+			"%s says %s", cfgPath, strings.Join(wrong, ", "))}
+	}
+	arch := strings.Join(hf.Architectures, ",")
+	if arch == "" {
+		arch = "no architectures listed"
+	}
+	weights, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
+	bins, _ := filepath.Glob(filepath.Join(dir, "*.bin"))
+	if len(weights)+len(bins) == 0 {
+		return []Check{warnCheck(name, "download the weights into "+dir, "%s (%s, hidden %d, %d layers) has config.json but no *.safetensors or *.bin weights",
+			dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers)}
+	}
+	return []Check{okCheck(name, "%s (%s, hidden %d, %d layers, %d weight file(s))", dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers, len(weights)+len(bins))}
+}
+
+type modelShape struct {
+	HiddenSize int `json:"hidden_size"`
+	NumLayers  int `json:"num_hidden_layers"`
+}
+
+// checkHook reports the hook this binary ships and the ones armed in live servers.
+func (d *doctor) checkHook() []Check {
+	const name = "hook"
+	if !d.kindSGLang() {
+		return []Check{okCheck(name, "none needed (the simulator writes dumps itself)")}
+	}
+	ours := sglang.HookVersion()
+	reason := fmt.Sprintf("dump hook %s shipped in this binary; installed at launch into %s", ours, filepath.Join(d.cfg.StateDir, sglang.HookDirName()))
+	for _, m := range sglang.LiveHookMarkers(d.cfg.ShmDir) {
+		if m.HookVersion != ours {
+			return []Check{warnCheck(name, "stop that server so that the next run launches one with this binary's hook",
+				"%s, but the server armed in pid %d runs hook %s (%s): its dumps carry that version", reason, m.PID, m.HookVersion, m.Path)}
+		}
+		reason += fmt.Sprintf("; armed in the live server (pid %d, layers %s)", m.PID, m.Layers)
+	}
+	return []Check{okCheck(name, "%s", reason)}
+}
+
+// pythonProbe prints the installed SGLang's version without importing it (an import
+// takes seconds and may touch the GPUs), or "missing".
+const pythonProbe = `import importlib.util, importlib.metadata
+spec = importlib.util.find_spec("sglang")
+if spec is None or spec.origin is None:  # None, or a bare folder named sglang (namespace package)
+    print("missing")
+else:
+    try:
+        print(importlib.metadata.version("sglang"))
+    except importlib.metadata.PackageNotFoundError:
+        print("unknown version")
+`
+
+// checkPython looks for server.python and SGLang in it, as the server will run.
+func (d *doctor) checkPython() []Check {
+	const name = "sglang"
+	if !d.kindSGLang() {
+		return nil
+	}
+	py := d.cfg.Server.Python
+	fix := "install SGLang (pip install sglang) into a Python 3 and set server.python to it"
+	path, err := exec.LookPath(py)
+	if err != nil {
+		return []Check{failCheck(name, fix, "server.python %q: %v", py, err)}
+	}
+	ctx, cancel := context.WithTimeout(d.ctx, doctorPythonTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, "-c", pythonProbe)
+	env := os.Environ()
+	for k, v := range d.cfg.Server.Env {
+		env = append(env, k+"="+v)
+	}
+	// Not our working dir: Python puts it first on sys.path, and a folder there named
+	// sglang (as in extract's own source tree) would pass for the package.
+	cmd.Env, cmd.Dir = env, "/"
+	out, err := cmd.Output()
+	if err != nil {
+		return []Check{failCheck(name, fix, "%s -c <probe>: %v", path, err)}
+	}
+	v := strings.TrimSpace(string(out))
+	if v == "missing" {
+		return []Check{failCheck(name, fix, "%s cannot import sglang", path)}
+	}
+	return []Check{okCheck(name, "sglang %s in %s", v, path)}
+}
+
+// checkDirs checks that the output and state dirs are (or can be made) writable, and
+// flags them when a reboot would wipe them.
+func (d *doctor) checkDirs() []Check {
+	return []Check{
+		d.checkDir("output", "output_dir", d.cfg.OutputDir),
+		d.checkDir("state", "state_dir", d.cfg.StateDir),
+	}
+}
+
+func (d *doctor) checkDir(name, key, dir string) Check {
+	fix := fmt.Sprintf("create it and make it writable for this user, or set %s", key)
+	existing, err := existingAncestor(dir)
+	if err != nil {
+		return failCheck(name, fix, "%s %s: %v", key, dir, err)
+	}
+	if err := unix.Access(existing, unix.W_OK|unix.X_OK); err != nil {
+		return failCheck(name, fix, "%s %s: %s is not writable: %v", key, dir, existing, err)
+	}
+	where := dir
+	if existing != dir {
+		where = fmt.Sprintf("%s (does not exist yet; the run creates it in %s)", dir, existing)
+	}
+	if why := volatile(existing); why != "" {
+		return warnCheck(name, fmt.Sprintf("set %s to a folder on a durable disk", key), "%s is %s: lost on reboot", where, why)
+	}
+	return okCheck(name, "%s is writable", where)
+}
+
+// existingAncestor is dir itself if it exists, else its nearest existing parent; an
+// existing path that is not a folder is an error.
+func existingAncestor(dir string) (string, error) {
+	p := filepath.Clean(dir)
+	for {
+		st, err := os.Stat(p)
+		if err == nil {
+			if !st.IsDir() {
+				return "", fmt.Errorf("%s is not a folder", p)
+			}
+			return p, nil
+		}
+		// ENOTDIR: a file on the way; going up finds it and says so.
+		if !errors.Is(err, os.ErrNotExist) && !errors.Is(err, syscall.ENOTDIR) {
+			return "", err
+		}
+		parent := filepath.Dir(p)
+		if parent == p {
+			return "", err
+		}
+		p = parent
+	}
+}
+
+// volatile says why an existing folder would not survive a reboot, or "".
+func volatile(dir string) string {
+	if fs, err := shm.StatFS(dir); err == nil && fs.Tmpfs {
+		return "on tmpfs"
+	}
+	real, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		real = dir
+	}
+	// /tmp is emptied at boot on most distributions (tmpfs, or systemd-tmpfiles).
+	if real == "/tmp" || strings.HasPrefix(real, "/tmp/") {
+		return "under /tmp"
+	}
+	return ""
+}
+
+// remaining lists the samples a run would still send.
+func (d *doctor) remaining() []int {
+	var out []int
+	for i := range d.ds.Len() {
+		if d.prog == nil || d.prog.State[i] != checkpoint.StateDone {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// checkDisk compares free space on the output disk with what the remaining samples
+// will write plus disk.reserve: the incident was a disk that filled at half the job.
+func (d *doctor) checkDisk() []Check {
+	const name = "disk"
+	reserve := int64(d.cfg.Disk.Reserve)
+	existing, err := existingAncestor(d.cfg.OutputDir)
+	if err != nil {
+		return []Check{failCheck(name, "", "output_dir %s: %v", d.cfg.OutputDir, err)}
+	}
+	fs, err := shm.StatFS(existing)
+	if err != nil {
+		return []Check{failCheck(name, "", "%v", err)}
+	}
+	if d.ds == nil {
+		return []Check{warnCheck(name, "fix the dataset first", "%s free at %s; the need is unknown without a readable dataset", fmtSize(fs.Free), existing)}
+	}
+	if d.running > 0 {
+		// The index, and so what is left, is not read while a run holds it.
+		return []Check{okCheck(name, "%s free at %s (%s kept in reserve); a run is in progress (pid %d) and pauses at the reserve", fmtSize(fs.Free), existing, fmtSize(reserve), d.running)}
+	}
+	left := d.remaining()
+	if len(left) == 0 {
+		return []Check{okCheck(name, "%s free at %s; every sample is done, nothing is left to write", fmtSize(fs.Free), existing)}
+	}
+	var tokens int64
+	text := 0
+	for _, s := range left {
+		tokens += int64(d.ds.Tokens(s))
+		if d.ds.lines[s].text {
+			text++
+		}
+	}
+	need := tokens * d.cfg.BytesPerToken()
+	msg := fmt.Sprintf("%s free at %s; the %d remaining samples (%d tokens × %d bytes) need %s, plus %s kept in reserve",
+		fmtSize(fs.Free), existing, len(left), tokens, d.cfg.BytesPerToken(), fmtSize(need), fmtSize(reserve))
+	if fs.Free >= need+reserve {
+		return []Check{okCheck(name, "%s", msg)}
+	}
+	short := need + reserve - fs.Free
+	fix := fmt.Sprintf("free %s on that disk, or set output_dir to a disk with room", fmtSize(short))
+	if first := d.dumpBytes(left[0]); fs.Free < reserve+first {
+		return []Check{failCheck(name, fix, "%s: not even the next sample (%s) fits above the reserve, so a run would admit nothing", msg, fmtSize(first))}
+	}
+	switch {
+	case text > 0:
+		// A text sample's tokens are counted as its bytes, several times too many.
+		return []Check{warnCheck(name, fix, "%s (an upper bound: %d text samples are counted by bytes)", msg, text)}
+	case d.opt.Preflight:
+		return []Check{warnCheck(name, fix, "%s: the run pauses at the reserve, %s short, until room returns", msg, fmtSize(short))}
+	}
+	return []Check{failCheck(name, fix+"; a run would pause at the reserve, "+fmtSize(short)+" short", "%s", msg)}
+}
+
+// dumpBytes is a sample's dump size as admission reserves it (orchestrator/job.go).
+func (d *doctor) dumpBytes(sample int) int64 {
+	return int64(d.ds.Tokens(sample))*d.cfg.BytesPerToken() + 4096
+}
+
+// checkStaging checks the staging dir: a tmpfs, room for its budget and for the largest
+// remaining dump, and what a crashed run left there.
+func (d *doctor) checkStaging() []Check {
+	const name = "staging"
+	dir := d.cfg.ShmDir
+	existing, err := existingAncestor(dir)
+	if err != nil {
+		return []Check{failCheck(name, "set shm_dir to a folder on /dev/shm", "shm_dir %s: %v", dir, err)}
+	}
+	fs, err := shm.StatFS(existing)
+	if err != nil {
+		return []Check{failCheck(name, "", "%v", err)}
+	}
+	budget := int64(d.cfg.ShmBudget)
+	if budget == 0 {
+		budget = fs.Total / 2
+	}
+	lo := d.leftovers(dir)
+	// What the run reclaims before it needs the room: dumps it moves or removes.
+	room := fs.Free + lo.completeBytes
+	var parts []string
+	if existing != dir {
+		parts = append(parts, fmt.Sprintf("%s does not exist yet (created at launch)", dir))
+	} else {
+		parts = append(parts, dir)
+	}
+	parts = append(parts, fmt.Sprintf("%s free of %s, budget %s", fmtSize(fs.Free), fmtSize(fs.Total), fmtSize(budget)))
+	if lo.complete+lo.partial+lo.other > 0 {
+		parts = append(parts, lo.String())
+	}
+	reason := strings.Join(parts, "; ")
+	if d.ds != nil && d.running == 0 {
+		largest, sample := int64(0), -1
+		for _, s := range d.remaining() {
+			if b := d.dumpBytes(s); b > largest {
+				largest, sample = b, s
+			}
+		}
+		if sample >= 0 && largest > room {
+			return []Check{failCheck(name, "free space on that tmpfs, grow it (mount -o remount,size=…), or drop the sample from the dataset",
+				"%s; the largest remaining sample (%d, %d tokens) makes a %s dump, more than the %s the staging filesystem can offer", reason, sample, d.ds.Tokens(sample), fmtSize(largest), fmtSize(room))}
+		}
+	}
+	switch {
+	case !fs.Tmpfs:
+		return []Check{warnCheck(name, "set shm_dir to a folder on /dev/shm", "%s; not on tmpfs: every dump is written to a disk before it is copied", reason)}
+	case room < budget:
+		return []Check{warnCheck(name, "free space on that tmpfs or lower shm_budget; admission keeps fewer samples in flight meanwhile",
+			"%s; only %s of the budget is available", reason, fmtSize(room))}
+	}
+	return []Check{okCheck(name, "%s", reason)}
+}
+
+type stagingLeftovers struct {
+	complete, adopt, stale, partial, other int
+	completeBytes, partialBytes            int64
+	known                                  bool // adopt and stale are known (the index was read)
+}
+
+func (l stagingLeftovers) String() string {
+	var s []string
+	if l.complete > 0 {
+		c := fmt.Sprintf("%d complete dump(s), %s", l.complete, fmtSize(l.completeBytes))
+		if l.known {
+			c += fmt.Sprintf(": %d to adopt, %d stale (removed by the run)", l.adopt, l.stale)
+		} else {
+			c += ": adopted when they are their sample's current attempt"
+		}
+		s = append(s, c)
+	}
+	if l.partial > 0 {
+		s = append(s, fmt.Sprintf("%d partial dump(s), %s, discarded when the run launches a fresh server", l.partial, fmtSize(l.partialBytes)))
+	}
+	if l.other > 0 {
+		s = append(s, fmt.Sprintf("%d other file(s), ignored", l.other))
+	}
+	return "leftovers: " + strings.Join(s, "; ")
+}
+
+// leftovers counts what the staging dir holds: complete dumps a run adopts (the current
+// attempt of a sample not done) or removes, partial ones it discards, and other files.
+func (d *doctor) leftovers(dir string) stagingLeftovers {
+	var lo stagingLeftovers
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return lo
+	}
+	lo.known = d.prog != nil
+	for _, e := range entries {
+		info, err := e.Info()
+		if err != nil || !info.Mode().IsRegular() {
+			continue
+		}
+		name := e.Name()
+		if rid, isDump := shm.ParseDumpName(name); isDump {
+			lo.complete++
+			lo.completeBytes += info.Size()
+			if lo.known {
+				if rid.Sample < len(d.prog.State) && d.prog.State[rid.Sample] != checkpoint.StateDone && int(d.prog.Attempt[rid.Sample]) == rid.Attempt {
+					lo.adopt++
+				} else {
+					lo.stale++
+				}
+			}
+			continue
+		}
+		switch {
+		case strings.HasSuffix(name, shm.PartialSuffix):
+			lo.partial++
+			lo.partialBytes += info.Size()
+		case strings.HasPrefix(name, ".hook-"):
+			// The hook's marker: part of a server, not a leftover.
+		default:
+			lo.other++
+		}
+	}
+	return lo
+}
+
+func joinGPUIndices(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -1,0 +1,496 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh200"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
+)
+
+const testHidden = 64 // 520 bytes a token: 3 aux layers + final in bf16, plus the id
+
+// tokenLines is a dataset of n samples of the given number of tokens each.
+func tokenLines(n, tokens int) string {
+	ids := strings.TrimSuffix(strings.Repeat("7,", tokens), ",")
+	return strings.Repeat(`{"input_ids":[`+ids+`]}`+"\n", n)
+}
+
+// doctorConfig is a job that passes every check on a healthy node: a dataset, an
+// output dir, a staging dir on /dev/shm, a free port and, for kind sglang, the 8 GPUs
+// of an H200 node, a model folder and a Python that has SGLang.
+func doctorConfig(t *testing.T, kind, dataset string) *configs.Config {
+	t.Helper()
+	dir := t.TempDir()
+	cfg := configs.Default()
+	cfg.Dataset = writeDataset(t, dataset)
+	cfg.OutputDir = filepath.Join(dir, "out")
+	cfg.StateDir = filepath.Join(cfg.OutputDir, ".extract")
+	shmDir, err := os.MkdirTemp("/dev/shm", "doctor-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shmDir) })
+	cfg.ShmDir = shmDir
+	cfg.ShmBudget = 1 << 20
+	cfg.Disk.Reserve = 1 << 20
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Server.Port = ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cfg.Server.Kind = kind
+	cfg.Server.HiddenSize, cfg.Server.Simulator.HiddenSize = testHidden, testHidden
+	if kind == sglang.KindSGLang {
+		cfg.Server.GPUs, cfg.Server.TPSize = []int{0, 1, 2, 3, 4, 5, 6, 7}, 8
+		cfg.Server.ModelPath = filepath.Join(dir, "model")
+		mustWriteFile(t, filepath.Join(cfg.Server.ModelPath, "config.json"), fmt.Sprintf(`{"architectures":["DeepseekV3ForCausalLM"],"hidden_size":%d,"num_hidden_layers":61}`, testHidden))
+		mustWriteFile(t, filepath.Join(cfg.Server.ModelPath, "model-00001-of-00001.safetensors"), "weights")
+		// A stand-in interpreter that answers the SGLang probe.
+		cfg.Server.Python = filepath.Join(dir, "python3")
+		mustWriteFile(t, cfg.Server.Python, "#!/bin/sh\necho 0.5.8\n")
+		if err := os.Chmod(cfg.Server.Python, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &cfg
+}
+
+func mustWriteFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// h200Node is go-nvml's mock of an 8×H200 node where holders[i] hold GPU i. The mock
+// leaves the process and utilisation queries unset (calling them panics), so every
+// device gets them here.
+func h200Node(holders map[int][]nvml.ProcessInfo) *server.Server {
+	node := dgxh200.New()
+	for i, d := range node.Devices {
+		dev := d.(*server.Device)
+		procs := holders[i]
+		var used uint64
+		for _, p := range procs {
+			used += p.UsedGpuMemory
+		}
+		dev.MemoryInfo.Used, dev.MemoryInfo.Free = used, dev.MemoryInfo.Total-used
+		dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return procs, nvml.SUCCESS }
+		dev.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+		dev.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) { return nvml.Utilization{Gpu: 97}, nvml.SUCCESS }
+	}
+	return node
+}
+
+// startSleep starts a real process, so that /proc has its command line, with extra
+// environment; it is killed when the test ends.
+func startSleep(t *testing.T, env ...string) int {
+	t.Helper()
+	cmd := exec.Command("sleep", "60")
+	cmd.Env = append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	return cmd.Process.Pid
+}
+
+func runDoctor(t *testing.T, cfg *configs.Config, opt DoctorOptions) DoctorReport {
+	t.Helper()
+	rep, err := Doctor(context.Background(), cfg, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+// check returns the named check, failing the test (with the whole report) without it.
+func findCheck(t *testing.T, rep DoctorReport, name string) Check {
+	t.Helper()
+	for _, c := range rep.Checks {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no check %q in %s", name, reportJSON(rep))
+	return Check{}
+}
+
+func reportJSON(rep DoctorReport) string {
+	b, _ := json.MarshalIndent(rep, "", "  ")
+	return string(b)
+}
+
+func wantCheck(t *testing.T, rep DoctorReport, name, status string, reasonHas ...string) Check {
+	t.Helper()
+	c := findCheck(t, rep, name)
+	if c.Status != status {
+		t.Errorf("check %s is %s, want %s: %s (fix: %s)", name, c.Status, status, c.Reason, c.Fix)
+	}
+	for _, s := range reasonHas {
+		if !strings.Contains(c.Reason, s) {
+			t.Errorf("check %s reason %q lacks %q", name, c.Reason, s)
+		}
+	}
+	return c
+}
+
+const gpuGiB = 1 << 30
+
+func TestDoctorFailsNamingTheForeignProcessOnGPU3AndHowToStopIt(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	pid := startSleep(t)
+	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
+
+	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+
+	if rep.OK {
+		t.Fatalf("report OK with a foreign process on GPU 3:\n%s", reportJSON(rep))
+	}
+	if failed := rep.Failed(); len(failed) != 1 || failed[0].Name != "gpu 3" {
+		t.Fatalf("failed checks = %+v; want only gpu 3\n%s", failed, reportJSON(rep))
+	}
+	c := wantCheck(t, rep, "gpu 3", CheckFail, fmt.Sprintf("pid %d (sleep 60)", pid), "75.0 GiB", "not our server", "NVIDIA H200")
+	if !strings.Contains(c.Fix, fmt.Sprintf("kill %d", pid)) {
+		t.Errorf("fix %q does not say how to stop pid %d", c.Fix, pid)
+	}
+	wantCheck(t, rep, "gpu", CheckOK, "8 GPU(s)", "driver 550.54.15")
+	for _, i := range []int{0, 1, 2, 4, 5, 6, 7} {
+		wantCheck(t, rep, fmt.Sprintf("gpu %d", i), CheckOK, "no processes")
+	}
+	if err := rep.Err(); !errors.Is(err, ErrPreflight) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) {
+		t.Errorf("Err() = %v; want ErrPreflight naming pid %d", err, pid)
+	}
+}
+
+func TestDoctorAcceptsOurOwnServerOnTheGPUs(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	const serverID = "feedfacecafebeef"
+	pid := startSleep(t, "EXTRACT_SERVER_ID="+serverID)
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := json.Marshal(map[string]any{"pid": pid, "pgid": pid, "boot_id": strings.TrimSpace(string(boot)), "server_id": serverID, "port": cfg.Server.Port, "argv": []string{"sleep", "60"}})
+	mustWriteFile(t, filepath.Join(cfg.StateDir, "server.json"), string(rec))
+	holders := map[int][]nvml.ProcessInfo{}
+	for i := range 8 {
+		holders[i] = []nvml.ProcessInfo{{Pid: uint32(pid), UsedGpuMemory: 120 * gpuGiB}}
+	}
+
+	rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(holders)})
+
+	if !rep.OK {
+		t.Fatalf("our own server on the GPUs fails the report:\n%s", reportJSON(rep))
+	}
+	wantCheck(t, rep, "gpu 3", CheckOK, fmt.Sprintf("held by our server (pid %d)", pid), "120.0 GiB")
+}
+
+func TestDoctorWithoutNVMLFailsOnlyWhenTheJobNeedsGPUs(t *testing.T) {
+	if rep := sglang.NewGPUInspector(nil).Inspect(nil); rep.Available {
+		t.Skipf("this machine has an NVIDIA driver (%s)", rep.Driver)
+	}
+	for _, tc := range []struct {
+		kind, status, reason string
+	}{
+		{sglang.KindSGLang, CheckFail, "NVML unavailable: "},
+		{sglang.KindSimulator, CheckOK, "none needed"},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			rep := runDoctor(t, doctorConfig(t, tc.kind, tokenLines(4, 10)), DoctorOptions{})
+			c := wantCheck(t, rep, "gpu", tc.status, tc.reason)
+			if rep.OK != (tc.status != CheckFail) {
+				t.Errorf("report OK = %v with gpu %s:\n%s", rep.OK, c.Status, reportJSON(rep))
+			}
+		})
+	}
+}
+
+// smallDisk mounts a tmpfs of size for the test (root only).
+func mountSmallDisk(t *testing.T, size string) string {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "disk")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
+		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	return mnt
+}
+
+// indexJob creates the job's index for cfg's dataset with the given samples done, each
+// with an output file of 100 bytes.
+func indexJob(t *testing.T, cfg *configs.Config, done []int) {
+	t.Helper()
+	ds, err := OpenDataset(cfg.Dataset)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	err = ix.Init(checkpoint.Meta{DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(), Total: ds.Len(), Created: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range done {
+		mustWriteFile(t, checkpoint.OutputPath(cfg.OutputDir, s), strings.Repeat("x", 100))
+		if err := ix.CommitDone(checkpoint.Record{Sample: s, Attempt: 1, RID: fmt.Sprintf("s%09d-a1", s), Bytes: 100, Tokens: ds.Tokens(s)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
+	const perToken = 4*testHidden*2 + 8
+	big := tokenLines(40, 500) // 20,000 tokens: 10.4 MB, more than the 8 MiB disk
+	for _, tc := range []struct {
+		name      string
+		dataset   string
+		done      []int
+		reserve   configs.ByteSize
+		preflight bool
+		status    string
+		reason    string
+	}{
+		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: CheckOK, reason: "(1000 tokens × 520 bytes) need 507.8 KiB"},
+		{name: "the rest of the job does not fit", dataset: big, status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 520 bytes) need 9.9 MiB"},
+		{name: "run's preflight only warns: admission pauses at the reserve", dataset: big, preflight: true, status: CheckWarn, reason: "the run pauses at the reserve"},
+		{name: "done samples need no room", dataset: big, done: samplesRange(0, 30), status: CheckOK, reason: "the 10 remaining samples"},
+		{name: "text samples are counted as an upper bound", dataset: strings.Repeat(`{"text":"`+strings.Repeat("a", 500)+`"}`+"\n", 40), status: CheckWarn, reason: "upper bound: 40 text samples"},
+		{name: "no room for even the next sample", dataset: tokenLines(10, 100), reserve: 8 << 20, preflight: true, status: CheckFail, reason: "not even the next sample"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := doctorConfig(t, sglang.KindSimulator, tc.dataset)
+			cfg.OutputDir = filepath.Join(mountSmallDisk(t, "8m"), "out")
+			cfg.StateDir = filepath.Join(t.TempDir(), "state")
+			if tc.reserve > 0 {
+				cfg.Disk.Reserve = tc.reserve
+			}
+			indexJob(t, cfg, tc.done)
+			if cfg.BytesPerToken() != perToken {
+				t.Fatalf("BytesPerToken = %d, want %d", cfg.BytesPerToken(), perToken)
+			}
+
+			rep := runDoctor(t, cfg, DoctorOptions{Preflight: tc.preflight})
+
+			c := wantCheck(t, rep, "disk", tc.status, tc.reason)
+			if c.Status != CheckOK && !strings.Contains(c.Fix, "free ") {
+				t.Errorf("fix %q does not say how much to free", c.Fix)
+			}
+			if rep.OK != (tc.status != CheckFail) {
+				t.Errorf("report OK = %v with disk %s:\n%s", rep.OK, c.Status, reportJSON(rep))
+			}
+		})
+	}
+}
+
+func samplesRange(from, to int) []int {
+	var s []int
+	for i := from; i < to; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+func TestDoctorFlagsOutputThatARebootWouldWipe(t *testing.T) {
+	durable, err := os.MkdirTemp("/var/tmp", "doctor-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(durable) })
+	notAFolder := filepath.Join(t.TempDir(), "file")
+	mustWriteFile(t, notAFolder, "")
+	for _, tc := range []struct {
+		name, dir, status, reason string
+	}{
+		{"under /tmp", filepath.Join(t.TempDir(), "out"), CheckWarn, "is under /tmp: lost on reboot"},
+		{"on tmpfs", filepath.Join(doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1)).ShmDir, "out"), CheckWarn, "is on tmpfs: lost on reboot"},
+		{"on a durable disk", filepath.Join(durable, "out"), CheckOK, "does not exist yet; the run creates it in " + durable},
+		{"below a file", filepath.Join(notAFolder, "out"), CheckFail, "is not a folder"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if fs, err := os.Stat(durable); tc.name == "on a durable disk" && (err != nil || !fs.IsDir() || volatile(durable) != "") {
+				t.Skip("/var/tmp is not on a durable disk here")
+			}
+			cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
+			cfg.OutputDir = tc.dir
+			rep := runDoctor(t, cfg, DoctorOptions{})
+			c := wantCheck(t, rep, "output", tc.status, tc.reason)
+			if c.Status == CheckWarn && !strings.Contains(c.Fix, "output_dir") {
+				t.Errorf("fix %q does not name output_dir", c.Fix)
+			}
+		})
+	}
+}
+
+func TestDoctorCountsStagingLeftoversToAdoptAndToDiscard(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(4, 10))
+	indexJob(t, cfg, []int{0})
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Samples 1 and 2 were in flight (attempt 1) when the last run died.
+	if _, err := ix.BeginAttempts([]int{1, 2}); err != nil {
+		t.Fatal(err)
+	}
+	ix.Close()
+	for name, size := range map[string]int{
+		"s000000001-a1.safetensors":         300, // current attempt of a pending sample: adopted
+		"s000000000-a1.safetensors":         200, // sample 0 is done: removed
+		"s000000002-a1.safetensors.partial": 50,  // half written: discarded
+		"notes.txt":                         1,
+		".hook-4242.json":                   10, // a hook marker: not a leftover
+	} {
+		mustWriteFile(t, filepath.Join(cfg.ShmDir, name), strings.Repeat("x", size))
+	}
+
+	rep := runDoctor(t, cfg, DoctorOptions{})
+
+	wantCheck(t, rep, "staging", CheckOK, "2 complete dump(s), 500 B: 1 to adopt, 1 stale (removed by the run)",
+		"1 partial dump(s), 50 B, discarded", "1 other file(s), ignored")
+}
+
+func TestDoctorIndexStatCheckFindsMissingAndTruncatedOutputs(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(10, 10))
+	indexJob(t, cfg, samplesRange(0, 10))
+
+	rep := runDoctor(t, cfg, DoctorOptions{})
+	wantCheck(t, rep, "index", CheckOK, "10 of 10 samples done", "10 of 10 done files checked by stat: all present")
+
+	if err := os.Remove(checkpoint.OutputPath(cfg.OutputDir, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(checkpoint.OutputPath(cfg.OutputDir, 7), 10); err != nil {
+		t.Fatal(err)
+	}
+	rep = runDoctor(t, cfg, DoctorOptions{})
+	c := wantCheck(t, rep, "index", CheckFail, "2 of 10 sampled done files", "sample 4: "+checkpoint.OutputPath(cfg.OutputDir, 4)+" missing", "sample 7:", "is 10 bytes, the index recorded 100")
+	if !strings.Contains(c.Fix, "extract verify --repair") {
+		t.Errorf("fix %q does not point at verify --repair", c.Fix)
+	}
+}
+
+func TestDoctorNeverOpensTheIndexWhileARunHoldsTheLock(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(4, 10))
+	indexJob(t, cfg, nil)
+	lock, err := AcquireLock(cfg.StateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	// Held read-write as a run holds it: a read-only open would wait for it.
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+
+	start := time.Now()
+	rep := runDoctor(t, cfg, DoctorOptions{})
+
+	wantCheck(t, rep, "index", CheckWarn, fmt.Sprintf("a run is in progress (pid %d)", os.Getpid()))
+	if !rep.OK || rep.RunningPID != os.Getpid() {
+		t.Errorf("report OK %v, running pid %d; want OK naming pid %d:\n%s", rep.OK, rep.RunningPID, os.Getpid(), reportJSON(rep))
+	}
+	if took := time.Since(start); took > doctorIndexTimeout/2 {
+		t.Errorf("doctor took %v: it waited for the index", took)
+	}
+}
+
+func TestDoctorRefusesAResumeTheIndexWouldRefuse(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(4, 10))
+	indexJob(t, cfg, []int{0})
+	cfg.Dataset = writeDataset(t, tokenLines(5, 10))
+
+	rep := runDoctor(t, cfg, DoctorOptions{})
+
+	c := wantCheck(t, rep, "index", CheckFail, "was started on another dataset", "`extract run --resume` would refuse")
+	if !strings.Contains(c.Fix, "--fresh") {
+		t.Errorf("fix %q does not offer --fresh", c.Fix)
+	}
+}
+
+func TestDoctorOnACompleteJobNeedsNoFreeGPU(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	indexJob(t, cfg, samplesRange(0, 4))
+	pid := startSleep(t)
+	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
+
+	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+
+	if !rep.OK {
+		t.Fatalf("a complete job fails the report:\n%s", reportJSON(rep))
+	}
+	wantCheck(t, rep, "gpu 3", CheckWarn, fmt.Sprintf("pid %d", pid), "no server is needed: the job is complete")
+}
+
+func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, config, status, reason string
+	}{
+		{"flat config.json", `{"hidden_size":64,"num_hidden_layers":61}`, CheckOK, "hidden 64, 61 layers, 1 weight file(s)"},
+		{"multimodal text_config", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":64,"num_hidden_layers":61}}`, CheckOK, "KimiK25ForConditionalGeneration"},
+		{"another width", `{"hidden_size":4096,"num_hidden_layers":32}`, CheckFail, "hidden_size 4096 (server.hidden_size is 64), num_hidden_layers 32 (server.num_layers is 61)"},
+		{"not JSON", `{`, CheckFail, "is not valid JSON"},
+		{"no config.json", "", CheckFail, "config.json: no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(1, 1))
+			path := filepath.Join(cfg.Server.ModelPath, "config.json")
+			if tc.config == "" {
+				os.Remove(path)
+			} else {
+				mustWriteFile(t, path, tc.config)
+			}
+			rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(nil)})
+			wantCheck(t, rep, "model", tc.status, tc.reason)
+		})
+	}
+}
+
+func TestDoctorNamesAStrangerOnTheServerPort(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg.Server.Port = ln.Addr().(*net.TCPAddr).Port
+
+	rep := runDoctor(t, cfg, DoctorOptions{})
+
+	wantCheck(t, rep, "port", CheckFail, fmt.Sprintf("is taken by pid %d", os.Getpid()), "which extract did not start")
+}
