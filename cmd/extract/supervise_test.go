@@ -196,3 +196,22 @@ func TestRestartBudgetExhaustedExitsTempfail(t *testing.T) {
 	}
 	j.requireExact()
 }
+
+func TestLateDumpsAreResentAfterTheTimeoutAndStaleAttemptsRejected(t *testing.T) {
+	j := newJob(t, 12, 0)
+	j.env = append(j.env,
+		"EXTRACT_SERVER_SIMULATOR_LATE_DUMP_DELAY=1500ms",
+		"EXTRACT_RUN_DUMP_TIMEOUT=300ms",
+		"EXTRACT_RUN_MAX_ATTEMPTS=10",
+	)
+	r := j.run("run")
+	if r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	for _, want := range []string{"no dump arrived; sending again", "reason=stale_attempt"} {
+		if !strings.Contains(r.stderr, want) {
+			t.Errorf("log lacks %q", want)
+		}
+	}
+	j.requireExact()
+}
