@@ -58,6 +58,7 @@ type job struct {
 	sent      chan sendResult
 	moved     chan moveResult
 	moveJobs  chan moveJob
+	moveQueue []moveJob // routed dumps waiting for a free mover; the coordinator never blocks on movers
 	health    chan error
 	unhealthy int // consecutive failed health probes
 
@@ -123,7 +124,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		dumps:    make(chan shm.Dump, 64),
 		sent:     make(chan sendResult, cfg.Run.MaxInflight),
 		moved:    make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
-		moveJobs: make(chan moveJob, cfg.Run.MaxInflight),
+		moveJobs: make(chan moveJob),
 		health:   make(chan error, 1),
 		started:  started,
 	}
@@ -216,13 +217,13 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	go j.probeHealth(work)
 	loopErr := j.loop(ctx, work)
-	// Let in-flight moves finish: a cancelled move leaves its dump in shm for the next
-	// run, but a finished one saves a resend.
-	stopWork()
+	// Moves under way finish (each saves a resend); queued ones stay in shm for the next
+	// run to adopt.
 	close(j.moveJobs)
 	for i := 0; i < j.cfg.Run.Movers; i++ {
 		<-done
 	}
+	stopWork()
 	j.drainResults()
 	j.publish()
 	j.writeProgress()
@@ -312,12 +313,8 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 	defer ticker.Stop()
 	var drainUntil time.Time
 	lastLog := time.Now()
+	stop := ctx.Done()
 	for {
-		if ctx.Err() != nil && !j.draining {
-			j.draining = true
-			drainUntil = time.Now().Add(j.cfg.Run.DrainTimeout)
-			j.log.Info("stopping: no new samples; draining in-flight ones", "inflight", len(j.inflight), "timeout", j.cfg.Run.DrainTimeout)
-		}
 		if j.draining && (len(j.inflight) == 0 || time.Now().After(drainUntil)) {
 			return nil
 		}
@@ -329,9 +326,20 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 		if len(j.inflight) == 0 && len(j.queue) == 0 && len(j.retries) == 0 {
 			return nil
 		}
+		var sendMove chan<- moveJob
+		var nextMove moveJob
+		if len(j.moveQueue) > 0 {
+			sendMove, nextMove = j.moveJobs, j.moveQueue[0]
+		}
 		select {
-		case <-ctx.Done():
-			ctx = context.Background() // seen; drain from here on
+		case <-stop:
+			stop = nil
+			j.draining = true
+			drainUntil = time.Now().Add(j.cfg.Run.DrainTimeout)
+			ctx = context.Background() // a restart during the drain must not see the signal
+			j.log.Info("stopping: no new samples; draining in-flight ones", "inflight", len(j.inflight), "timeout", j.cfg.Run.DrainTimeout)
+		case sendMove <- nextMove:
+			j.moveQueue = j.moveQueue[1:]
 		case d := <-j.dumps:
 			j.onDump(d)
 		case r := <-j.sent:
@@ -535,7 +543,7 @@ func (j *job) onDump(d shm.Dump) {
 	}
 	f.moving = true
 	j.moving[d.Path] = true
-	j.moveJobs <- moveJob{dump: d, expected: f.expected}
+	j.moveQueue = append(j.moveQueue, moveJob{dump: d, expected: f.expected})
 }
 
 // reject removes a dump that must not be used; a dump we cannot explain is kept in

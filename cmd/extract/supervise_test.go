@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -212,6 +213,30 @@ func TestLateDumpsAreResentAfterTheTimeoutAndStaleAttemptsRejected(t *testing.T)
 		if !strings.Contains(r.stderr, want) {
 			t.Errorf("log lacks %q", want)
 		}
+	}
+	j.requireExact()
+}
+
+func TestStopDrainsInFlightSamplesAndResumeFinishesExact(t *testing.T) {
+	j := newJob(t, 100, 2000)
+	_, wait := j.start("run")
+	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 5 })
+	r := j.run("stop")
+	if r.code != 0 || !strings.Contains(r.stdout, "stopped run pid") {
+		t.Fatalf("stop: exit %d, %q %q", r.code, r.stdout, r.stderr)
+	}
+	if code, stderr := wait(); code != 75 || !strings.Contains(stderr, "draining") {
+		t.Fatalf("stopped run exit %d, want 75 after a drain\n%s", code, stderr)
+	}
+	st := j.status()
+	if st["state"] != "stopped" || num(st["done"]) >= len(j.samples) {
+		t.Fatalf("after stop: %v; want a stopped job with work left", st)
+	}
+	if entries, _ := os.ReadDir(j.shmDir); len(entries) > 0 {
+		t.Errorf("a drained stop left %d files in staging", len(entries))
+	}
+	if r := j.run("run", "--resume"); r.code != 0 {
+		t.Fatalf("resume exit %d\n%s", r.code, r.stderr)
 	}
 	j.requireExact()
 }
