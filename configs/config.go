@@ -336,6 +336,19 @@ func (c *Config) HiddenSize() int {
 	return c.Server.HiddenSize
 }
 
+// GPUIndices are the NVML indices the server will use: server.gpus, else the first
+// tp_size GPUs, which is what SGLang takes without CUDA_VISIBLE_DEVICES.
+func (c *Config) GPUIndices() []int {
+	if len(c.Server.GPUs) > 0 {
+		return c.Server.GPUs
+	}
+	out := make([]int, c.Server.TPSize)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
 // BytesPerToken is the size of one token's row in a dump: 3 captured layers and the
 // final one in bf16, plus its int64 input id.
 func (c *Config) BytesPerToken() int64 { return int64(4*c.HiddenSize())*2 + 8 }

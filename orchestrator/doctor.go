@@ -344,24 +344,11 @@ func (d *doctor) statDone(done []int) (problems []string, checked int, err error
 	return problems, checked, nil
 }
 
-// wantedGPUs are the NVML indices the server will use: server.gpus, else the first
-// tp_size GPUs, which is what SGLang takes without CUDA_VISIBLE_DEVICES.
-func (d *doctor) wantedGPUs() []int {
-	if len(d.cfg.Server.GPUs) > 0 {
-		return d.cfg.Server.GPUs
-	}
-	out := make([]int, d.cfg.Server.TPSize)
-	for i := range out {
-		out[i] = i
-	}
-	return out
-}
-
 func (d *doctor) checkGPUs() []Check {
 	if !d.kindSGLang() {
 		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
-	wanted := d.wantedGPUs()
+	wanted := d.cfg.GPUIndices()
 	rep := sglang.NewGPUInspector(d.opt.NVML).Inspect(wanted)
 	if !rep.Available {
 		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",

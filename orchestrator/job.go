@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ type job struct {
 	unhealthy int // consecutive failed health probes
 
 	rates   rateTracker
+	gpus    atomic.Pointer[[]GPUStatus] // written by sampleGPUs
 	metrics *metrics
 	status  *statusServer
 	client  *sglang.Client
@@ -216,6 +218,9 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	}
 
 	go j.probeHealth(work)
+	if j.cfg.Server.Kind == sglang.KindSGLang {
+		go sampleGPUs(work, sglang.NewGPUInspector(nil), j.cfg.GPUIndices(), 10*time.Second, &j.gpus, j.log)
+	}
 	loopErr := j.loop(ctx, work)
 	// Moves under way finish (each saves a resend); queued ones stay in shm for the next
 	// run to adopt.
@@ -887,6 +892,10 @@ func (j *job) snapshot() Status {
 		rejected[k] = v
 	}
 	started := j.started.UTC()
+	var gpus []GPUStatus
+	if p := j.gpus.Load(); p != nil {
+		gpus = *p
+	}
 	state := "running"
 	if remaining == 0 && j.counters.Failed == 0 {
 		state = "complete"
@@ -896,7 +905,7 @@ func (j *job) snapshot() Status {
 		Total: total, Done: j.counters.Done, Failed: j.counters.Failed, Pending: remaining,
 		Inflight: len(j.inflight), BytesWritten: j.counters.BytesWritten,
 		SamplesPerSecond: sps, TokensPerSecond: tps, BytesPerSecond: bps, ETASeconds: eta,
-		Paused: append([]string{}, j.paused...), Server: j.server, Rejected: rejected,
+		Paused: append([]string{}, j.paused...), Server: j.server, Rejected: rejected, GPUs: gpus,
 		Dataset: j.ds.Path, OutputDir: j.cfg.OutputDir, StartedAt: &started, UpdatedAt: now.UTC(),
 	}
 }

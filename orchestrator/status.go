@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -37,6 +40,7 @@ type Status struct {
 	ETASeconds       float64          `json:"eta_seconds"` // -1 when unknown
 	Paused           []string         `json:"paused"`
 	Server           ServerStatus     `json:"server"`
+	GPUs             []GPUStatus      `json:"gpus,omitempty"` // when NVML is there (server.kind sglang)
 	Rejected         map[string]int64 `json:"rejected"`
 	Dataset          string           `json:"dataset"`
 	OutputDir        string           `json:"output_dir"`
@@ -52,6 +56,38 @@ type ServerStatus struct {
 	Restarts int    `json:"restarts"`
 	// HookVersion is the dump hook's version as the dumps report it.
 	HookVersion string `json:"hook_version,omitempty"`
+}
+
+// GPUStatus is one GPU's load, sampled through NVML.
+type GPUStatus struct {
+	Index            int    `json:"index"`
+	Name             string `json:"name"`
+	MemoryUsedBytes  uint64 `json:"memory_used_bytes"`
+	MemoryTotalBytes uint64 `json:"memory_total_bytes"`
+	UtilizationPct   int    `json:"utilization_pct"` // -1 when NVML cannot say
+	Processes        int    `json:"processes"`
+}
+
+// sampleGPUs reads the configured GPUs' memory and utilisation every interval into
+// *dst until ctx ends; without NVML it logs once and stops.
+func sampleGPUs(ctx context.Context, insp *sglang.GPUInspector, indices []int, interval time.Duration, dst *atomic.Pointer[[]GPUStatus], log *slog.Logger) {
+	for {
+		rep := insp.Inspect(indices)
+		if !rep.Available {
+			log.Info("no per-GPU status", "reason", rep.Reason)
+			return
+		}
+		gpus := make([]GPUStatus, 0, len(rep.GPUs))
+		for _, g := range rep.GPUs {
+			gpus = append(gpus, GPUStatus{Index: g.Index, Name: g.Name, MemoryUsedBytes: g.MemoryUsed, MemoryTotalBytes: g.MemoryTotal, UtilizationPct: g.Utilization, Processes: len(g.Processes)})
+		}
+		dst.Store(&gpus)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
 }
 
 // rateWindow is the span over which live rates are measured.

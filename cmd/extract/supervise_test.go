@@ -2,10 +2,14 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -239,4 +243,31 @@ func TestStopDrainsInFlightSamplesAndResumeFinishesExact(t *testing.T) {
 		t.Fatalf("resume exit %d\n%s", r.code, r.stderr)
 	}
 	j.requireExact()
+}
+
+func TestMetricsAreScrapableWhileRunning(t *testing.T) {
+	j := newJob(t, 60, 3000)
+	_, wait := j.start("run")
+	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 2 })
+	var ri struct {
+		StatusAddr string `json:"status_addr"`
+	}
+	if err := json.Unmarshal([]byte(mustRead(t, filepath.Join(j.state, "run.json"))), &ri); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Get("http://" + ri.StatusAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, name := range []string{"extract_samples_total 60", "extract_samples_done ", "extract_samples_inflight ", "extract_output_bytes ",
+		"extract_move_seconds_bucket", "extract_staging_bytes ", "extract_output_free_bytes ", "extract_server_restarts_total 0", "process_resident_memory_bytes"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %q", name)
+		}
+	}
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("run exit %d\n%s", code, stderr)
+	}
 }
