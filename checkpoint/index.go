@@ -21,6 +21,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -65,6 +66,21 @@ type OpenOptions struct {
 type Index struct {
 	db   *bolt.DB
 	path string
+
+	// Group commit of CommitDone: callers queue in pending; one of them, the leader,
+	// commits everything queued in one txn, then hands the lead to the first caller that
+	// queued meanwhile. No caller waits for a timer, and no caller commits more than one
+	// batch.
+	commitMu   sync.Mutex
+	pending    []*commitReq
+	committing bool
+}
+
+type commitReq struct {
+	r    Record
+	err  error
+	lead bool
+	done chan struct{}
 }
 
 // Open opens or, unless read-only, creates the index at path.
@@ -513,14 +529,70 @@ func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 }
 
 // CommitDone marks r.Sample done and returns once that is durable. Concurrent callers
-// share one txn and its fsyncs (db.Batch). A replay of a sample already done replaces
+// share one txn and its fsyncs (group commit: whoever arrives while a txn commits goes
+// into the next one, with no added delay). A replay of a sample already done replaces
 // its record without counting it again. The attempt never goes backwards, so a later
 // retry after verify --repair still gets a fresh rid.
 func (ix *Index) CommitDone(r Record) error {
-	if err := ix.db.Batch(func(tx *bolt.Tx) error { return commitDone(tx, r) }); err != nil {
-		return fmt.Errorf("index %s: %w", ix.path, err)
+	req := &commitReq{r: r, done: make(chan struct{})}
+	ix.commitMu.Lock()
+	ix.pending = append(ix.pending, req)
+	if ix.committing {
+		ix.commitMu.Unlock()
+		<-req.done
+		if !req.lead {
+			return req.wrapErr(ix.path)
+		}
+		ix.commitMu.Lock()
+	}
+	// We lead: commit everything queued, our record included.
+	ix.committing = true
+	batch := ix.pending
+	ix.pending = nil
+	ix.commitMu.Unlock()
+
+	ix.commitBatch(batch, req)
+
+	ix.commitMu.Lock()
+	if len(ix.pending) > 0 {
+		next := ix.pending[0]
+		next.lead = true
+		close(next.done)
+	} else {
+		ix.committing = false
+	}
+	ix.commitMu.Unlock()
+	return req.wrapErr(ix.path)
+}
+
+func (c *commitReq) wrapErr(path string) error {
+	if c.err != nil {
+		return fmt.Errorf("index %s: %w", path, c.err)
 	}
 	return nil
+}
+
+// commitBatch commits the batch in one txn and releases every caller in it but self,
+// the leader. If the txn fails, each record is committed alone, so that one bad record
+// fails only its own caller.
+func (ix *Index) commitBatch(batch []*commitReq, self *commitReq) {
+	err := ix.db.Update(func(tx *bolt.Tx) error {
+		for _, c := range batch {
+			if err := commitDone(tx, c.r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	for _, c := range batch {
+		c.err = err
+		if err != nil && len(batch) > 1 {
+			c.err = ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+		}
+		if c != self {
+			close(c.done)
+		}
+	}
 }
 
 func commitDone(tx *bolt.Tx, r Record) error {

@@ -32,6 +32,7 @@ const (
 	// readyProbeTimeout bounds one readiness probe while the server starts.
 	readyProbeTimeout = 5 * time.Second
 	readyPollInterval = 500 * time.Millisecond
+	readyPollFirst    = 10 * time.Millisecond
 	adoptedPollPeriod = 500 * time.Millisecond
 	// replaceGrace is how long a stale server gets to exit on SIGTERM before SIGKILL.
 	replaceGrace = 30 * time.Second
@@ -349,8 +350,11 @@ func (m *Manager) waitReady(ctx context.Context, client *Client, s *Server, star
 	log := m.log().With("pid", s.PID, "port", s.Port)
 	deadline := time.NewTimer(time.Until(started.Add(m.startupTimeout())))
 	defer deadline.Stop()
-	tick := time.NewTicker(readyPollInterval)
-	defer tick.Stop()
+	// Poll fast at first and back off to readyPollInterval: a simulator or an adopted
+	// server answers within milliseconds, a model loading for half an hour is polled as before.
+	wait := readyPollFirst
+	poll := time.NewTimer(wait)
+	defer poll.Stop()
 	for {
 		if err := probe(ctx, client, readyProbeTimeout); err == nil {
 			log.Info("server ready", "startup", time.Since(started).Round(time.Millisecond))
@@ -368,7 +372,9 @@ func (m *Manager) waitReady(ctx context.Context, client *Client, s *Server, star
 				stopErr = m.removeRecord()
 			}
 			return nil, errors.Join(fmt.Errorf("server pid %d not ready %v after its launch; last lines of %s:\n%s", s.PID, m.startupTimeout(), m.LogPath(), logTail(m.LogPath(), logStart)), stopErr)
-		case <-tick.C:
+		case <-poll.C:
+			wait = min(2*wait, readyPollInterval)
+			poll.Reset(wait)
 		}
 	}
 }
