@@ -91,6 +91,9 @@ type Run struct {
 // Disk guards the output disk.
 type Disk struct {
 	Reserve ByteSize `mapstructure:"reserve"` // bytes kept free on the output disk
+	// WhenShort decides a start whose remaining samples do not fit above the reserve:
+	// "refuse" (exit 3) or "warn" (start, and let admission pause at the reserve).
+	WhenShort string `mapstructure:"when_short"`
 }
 
 // Status configures the live status and metrics endpoint.
@@ -135,7 +138,7 @@ func Default() Config {
 			Movers:         4,
 			DrainTimeout:   2 * time.Minute,
 		},
-		Disk:   Disk{Reserve: 1 << 30},
+		Disk:   Disk{Reserve: 1 << 30, WhenShort: "refuse"},
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
 	}
@@ -319,6 +322,9 @@ func (c *Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.Status.Listen); err != nil {
 			bad("status.listen", "want host:port: %v", err)
 		}
+	}
+	if c.Disk.WhenShort != "refuse" && c.Disk.WhenShort != "warn" {
+		bad("disk.when_short", "must be refuse or warn, got %q", c.Disk.WhenShort)
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

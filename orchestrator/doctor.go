@@ -89,10 +89,6 @@ type DoctorOptions struct {
 	Index *checkpoint.Index
 	// Log receives each check that is not ok; nil logs nothing.
 	Log *slog.Logger
-	// Preflight is set by `extract run`: a disk too small for the rest of the job only
-	// warns there, because admission pauses at disk.reserve and resumes when room
-	// returns; a disk that cannot take even the next sample still fails.
-	Preflight bool
 }
 
 // Doctor limits. The stat check of the index samples this many done records, spread
@@ -716,30 +712,25 @@ func (d *doctor) checkDisk() []Check {
 			text++
 		}
 	}
-	need := tokens * d.cfg.BytesPerToken()
+	need := tokens * d.cfg.OutputBytesPerToken()
 	msg := fmt.Sprintf("%s free at %s; the %d remaining samples (%d tokens × %d bytes) need %s, plus %s kept in reserve",
-		fmtSize(fs.Free), existing, len(left), tokens, d.cfg.BytesPerToken(), fmtSize(need), fmtSize(reserve))
+		fmtSize(fs.Free), existing, len(left), tokens, d.cfg.OutputBytesPerToken(), fmtSize(need), fmtSize(reserve))
 	if fs.Free >= need+reserve {
 		return []Check{okCheck(name, "%s", msg)}
 	}
 	short := need + reserve - fs.Free
 	fix := fmt.Sprintf("free %s on that disk, or set output_dir to a disk with room", fmtSize(short))
-	if first := d.dumpBytes(left[0]); fs.Free < reserve+first {
+	if first := sampleBytes(d.cfg, d.ds.Tokens(left[0])); fs.Free < reserve+first {
 		return []Check{failCheck(name, fix, "%s: not even the next sample (%s) fits above the reserve, so a run would admit nothing", msg, fmtSize(first))}
 	}
 	switch {
 	case text > 0:
 		// A text sample's tokens are counted as its bytes, several times too many.
 		return []Check{warnCheck(name, fix, "%s (an upper bound: %d text samples are counted by bytes)", msg, text)}
-	case d.opt.Preflight:
+	case d.cfg.Disk.WhenShort == "warn":
 		return []Check{warnCheck(name, fix, "%s: the run pauses at the reserve, %s short, until room returns", msg, fmtSize(short))}
 	}
-	return []Check{failCheck(name, fix+"; a run would pause at the reserve, "+fmtSize(short)+" short", "%s", msg)}
-}
-
-// dumpBytes is a sample's dump size as admission reserves it (orchestrator/job.go).
-func (d *doctor) dumpBytes(sample int) int64 {
-	return int64(d.ds.Tokens(sample))*d.cfg.BytesPerToken() + 4096
+	return []Check{failCheck(name, fix+", or set disk.when_short: warn to start anyway and pause at the reserve, "+fmtSize(short)+" short", "%s", msg)}
 }
 
 // checkStaging checks the staging dir: a tmpfs, room for its budget and for the largest
@@ -776,7 +767,7 @@ func (d *doctor) checkStaging() []Check {
 	if d.ds != nil && d.running == 0 {
 		largest, sample := int64(0), -1
 		for _, s := range d.remaining() {
-			if b := d.dumpBytes(s); b > largest {
+			if b := sampleBytes(d.cfg, d.ds.Tokens(s)); b > largest {
 				largest, sample = b, s
 			}
 		}

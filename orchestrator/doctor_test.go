@@ -23,7 +23,7 @@ import (
 	"github.com/extract-dev/extract/sglang"
 )
 
-const testHidden = 64 // 520 bytes a token: 3 aux layers + final in bf16, plus the id
+const testHidden = 64 // 528 bytes a token in the output: 3 aux layers + final in bf16, the id and the loss mask
 
 // tokenLines is a dataset of n samples of the given number of tokens each.
 func tokenLines(n, tokens int) string {
@@ -273,23 +273,23 @@ func indexJob(t *testing.T, cfg *configs.Config, done []int) {
 }
 
 func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
-	const perToken = 4*testHidden*2 + 8
+	const perToken = 4*testHidden*2 + 16
 	big := tokenLines(40, 500) // 20,000 tokens: 10.4 MB, more than the 8 MiB disk
 	for _, tc := range []struct {
 		name      string
 		dataset   string
 		done      []int
 		reserve   configs.ByteSize
-		preflight bool
+		whenShort string
 		status    string
 		reason    string
 	}{
-		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: CheckOK, reason: "(1000 tokens × 520 bytes) need 507.8 KiB"},
-		{name: "the rest of the job does not fit", dataset: big, status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 520 bytes) need 9.9 MiB"},
-		{name: "run's preflight only warns: admission pauses at the reserve", dataset: big, preflight: true, status: CheckWarn, reason: "the run pauses at the reserve"},
+		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: CheckOK, reason: "(1000 tokens × 528 bytes) need 515.6 KiB"},
+		{name: "the rest of the job does not fit", dataset: big, status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 528 bytes) need 10.1 MiB"},
+		{name: "disk.when_short warn: admission pauses at the reserve", dataset: big, whenShort: "warn", status: CheckWarn, reason: "the run pauses at the reserve"},
 		{name: "done samples need no room", dataset: big, done: samplesRange(0, 30), status: CheckOK, reason: "the 10 remaining samples"},
 		{name: "text samples are counted as an upper bound", dataset: strings.Repeat(`{"text":"`+strings.Repeat("a", 500)+`"}`+"\n", 40), status: CheckWarn, reason: "upper bound: 40 text samples"},
-		{name: "no room for even the next sample", dataset: tokenLines(10, 100), reserve: 8 << 20, preflight: true, status: CheckFail, reason: "not even the next sample"},
+		{name: "no room for even the next sample", dataset: tokenLines(10, 100), reserve: 8 << 20, whenShort: "warn", status: CheckFail, reason: "not even the next sample"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := doctorConfig(t, sglang.KindSimulator, tc.dataset)
@@ -299,11 +299,14 @@ func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
 				cfg.Disk.Reserve = tc.reserve
 			}
 			indexJob(t, cfg, tc.done)
-			if cfg.BytesPerToken() != perToken {
-				t.Fatalf("BytesPerToken = %d, want %d", cfg.BytesPerToken(), perToken)
+			if cfg.OutputBytesPerToken() != perToken {
+				t.Fatalf("OutputBytesPerToken = %d, want %d", cfg.OutputBytesPerToken(), perToken)
 			}
 
-			rep := runDoctor(t, cfg, DoctorOptions{Preflight: tc.preflight})
+			if tc.whenShort != "" {
+				cfg.Disk.WhenShort = tc.whenShort
+			}
+			rep := runDoctor(t, cfg, DoctorOptions{})
 
 			c := wantCheck(t, rep, "disk", tc.status, tc.reason)
 			if c.Status != CheckOK && !strings.Contains(c.Fix, "free ") {

@@ -379,11 +379,13 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 	}
 }
 
-// expectedBytes is what a sample will take, in staging and then on the output disk: the
-// output file's size (a dump plus the loss mask), plus room for header, page rounding
-// and directory blocks.
-func (j *job) expectedBytes(sample int) int64 {
-	return int64(j.ds.Tokens(sample))*j.cfg.OutputBytesPerToken() + 16<<10
+// expectedBytes is what a sample will take, in staging and then on the output disk.
+func (j *job) expectedBytes(sample int) int64 { return sampleBytes(j.cfg, j.ds.Tokens(sample)) }
+
+// sampleBytes is what admission reserves for a sample of tokens: the output file's size
+// (a dump plus the loss mask), plus room for header, page rounding and directory blocks.
+func sampleBytes(cfg *configs.Config, tokens int) int64 {
+	return int64(tokens)*cfg.OutputBytesPerToken() + 16<<10
 }
 
 // admit sends samples while the window and the budgets allow (invariant 5).

@@ -102,7 +102,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 		return res, err
 	}
 	// The same triage as `extract doctor`, before any GPU time is spent.
-	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Preflight: true})
+	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log})
 	if err != nil {
 		return res, err
 	}

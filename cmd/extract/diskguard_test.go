@@ -50,7 +50,7 @@ func paused(st map[string]any, prefix string) bool {
 func TestDiskReservePausesAdmissionUntilTheDiskGrows(t *testing.T) {
 	j := newJob(t, 100, 20000)
 	mnt := smallDisk(t, j, "12m")
-	j.env = append(j.env, "EXTRACT_DISK_RESERVE=4MiB")
+	j.env = append(j.env, "EXTRACT_DISK_RESERVE=4MiB", "EXTRACT_DISK_WHEN_SHORT=warn")
 	_, wait := j.start("run")
 	st := j.waitStatus("admission paused by the disk reserve", func(st map[string]any) bool {
 		return paused(st, "output disk reserve") && num(st["inflight"]) == 0
@@ -131,5 +131,14 @@ func TestStagingNeverPassesItsBudget(t *testing.T) {
 		if u, err := shm.Measure(j.shmDir); err == nil && u.Bytes > peak {
 			peak = u.Bytes
 		}
+	}
+}
+
+func TestStartIsRefusedWhenTheRestOfTheJobDoesNotFit(t *testing.T) {
+	j := newJob(t, 100, 0)
+	smallDisk(t, j, "12m")
+	r := j.run("run")
+	if r.code != 3 || !strings.Contains(r.stderr, "disk.when_short") {
+		t.Fatalf("exit %d, stderr %q; want 3 saying how much to free or how to start anyway", r.code, r.stderr)
 	}
 }
