@@ -92,7 +92,8 @@ type Run struct {
 type Disk struct {
 	Reserve ByteSize `mapstructure:"reserve"` // bytes kept free on the output disk
 	// WhenShort decides a start whose remaining samples do not fit above the reserve:
-	// "refuse" (exit 3) or "warn" (start, and let admission pause at the reserve).
+	// "warn" (start, and let admission pause at the reserve until room returns, the
+	// default) or "refuse" (exit 3, for a job that must not start short).
 	WhenShort string `mapstructure:"when_short"`
 }
 
@@ -138,7 +139,7 @@ func Default() Config {
 			Movers:         4,
 			DrainTimeout:   2 * time.Minute,
 		},
-		Disk:   Disk{Reserve: 1 << 30, WhenShort: "refuse"},
+		Disk:   Disk{Reserve: 1 << 30, WhenShort: "warn"},
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
 	}

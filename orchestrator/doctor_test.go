@@ -285,7 +285,7 @@ func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
 		reason    string
 	}{
 		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: CheckOK, reason: "(1000 tokens × 528 bytes) need 515.6 KiB"},
-		{name: "the rest of the job does not fit", dataset: big, status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 528 bytes) need 10.1 MiB"},
+		{name: "the rest of the job does not fit", dataset: big, whenShort: "refuse", status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 528 bytes) need 10.1 MiB"},
 		{name: "disk.when_short warn: admission pauses at the reserve", dataset: big, whenShort: "warn", status: CheckWarn, reason: "the run pauses at the reserve"},
 		{name: "done samples need no room", dataset: big, done: samplesRange(0, 30), status: CheckOK, reason: "the 10 remaining samples"},
 		{name: "text samples are counted as an upper bound", dataset: strings.Repeat(`{"text":"`+strings.Repeat("a", 500)+`"}`+"\n", 40), status: CheckWarn, reason: "upper bound: 40 text samples"},

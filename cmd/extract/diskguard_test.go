@@ -137,6 +137,7 @@ func TestStagingNeverPassesItsBudget(t *testing.T) {
 func TestStartIsRefusedWhenTheRestOfTheJobDoesNotFit(t *testing.T) {
 	j := newJob(t, 100, 0)
 	smallDisk(t, j, "12m")
+	j.env = append(j.env, "EXTRACT_DISK_WHEN_SHORT=refuse")
 	r := j.run("run")
 	if r.code != 3 || !strings.Contains(r.stderr, "disk.when_short") {
 		t.Fatalf("exit %d, stderr %q; want 3 saying how much to free or how to start anyway", r.code, r.stderr)
