@@ -84,6 +84,14 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 		fmt.Fprintf(w, "rate:      %.2f samples/s, %.0f tokens/s, %s/s; ETA %s\n", st.SamplesPerSecond, st.TokensPerSecond, configs.ByteSize(st.BytesPerSecond), eta)
 		fmt.Fprintf(w, "server:    %s (pid %d, adopted %v, restarts %d)\n", st.Server.State, st.Server.PID, st.Server.Adopted, st.Server.Restarts)
 	}
+	for _, g := range st.GPUs {
+		util := "?"
+		if g.UtilizationPct >= 0 {
+			util = fmt.Sprintf("%d%%", g.UtilizationPct)
+		}
+		fmt.Fprintf(w, "gpu %d:     %s, %s of %s used, %s busy, %d processes\n", g.Index, g.Name,
+			configs.ByteSize(g.MemoryUsedBytes), configs.ByteSize(g.MemoryTotalBytes), util, g.Processes)
+	}
 	if len(st.Paused) > 0 {
 		fmt.Fprintf(w, "paused:    %s\n", strings.Join(st.Paused, "; "))
 	}
