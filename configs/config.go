@@ -74,6 +74,7 @@ type Simulator struct {
 	ExitAfter       int           `mapstructure:"exit_after"`
 	HangAfter       int           `mapstructure:"hang_after"`
 	Fail503Every    int           `mapstructure:"fail_503_every"`
+	CorruptEvery    int           `mapstructure:"corrupt_every"`
 	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
 }
 

@@ -163,6 +163,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			ExitAfter:       s.Simulator.ExitAfter,
 			HangAfter:       s.Simulator.HangAfter,
 			Fail503Every:    s.Simulator.Fail503Every,
+			CorruptEvery:    s.Simulator.CorruptEvery,
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
 		},
 	}

@@ -54,6 +54,7 @@ type SimulatorSpec struct {
 	ExitAfter       int
 	HangAfter       int
 	Fail503Every    int
+	CorruptEvery    int
 	LateDumpDelay   time.Duration
 }
 
@@ -149,6 +150,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--exit-after", sim.ExitAfter != 0, strconv.Itoa(sim.ExitAfter)},
 			{"--hang-after", sim.HangAfter != 0, strconv.Itoa(sim.HangAfter)},
 			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
+			{"--corrupt-every", sim.CorruptEvery != 0, strconv.Itoa(sim.CorruptEvery)},
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
 		} {
 			if f.set {

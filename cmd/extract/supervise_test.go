@@ -271,3 +271,20 @@ func TestMetricsAreScrapableWhileRunning(t *testing.T) {
 		t.Fatalf("run exit %d\n%s", code, stderr)
 	}
 }
+
+func TestMalformedDumpsAreQuarantinedAndTheirSamplesRedone(t *testing.T) {
+	j := newJob(t, 40, 0)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_CORRUPT_EVERY=7")
+	r := j.run("run")
+	if r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "input_ids") || !strings.Contains(r.stderr, "dump quarantined") {
+		t.Errorf("the log does not say why dumps were rejected:\n%s", r.stderr)
+	}
+	kept, _ := filepath.Glob(filepath.Join(j.state, "quarantine", "*.safetensors"))
+	if len(kept) < 5 {
+		t.Errorf("%d dumps in quarantine, want one for every 7th of 40+ dumps", len(kept))
+	}
+	j.requireExact()
+}

@@ -54,6 +54,9 @@ type Config struct {
 	HangAfter int
 	// Fail503Every answers every Nth /generate with 503 before doing any work.
 	Fail503Every int
+	// CorruptEvery writes every Nth dump with input_ids that differ from the request's,
+	// as a server that tokenized or cached wrongly would.
+	CorruptEvery int
 	// LateDumpDelay writes each dump this long after the response, like a slow hook.
 	LateDumpDelay time.Duration
 }
@@ -74,6 +77,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.ExitAfter, "exit-after", 0, "fault: exit with status 3 after N completed requests")
 	fs.IntVar(&c.HangAfter, "hang-after", 0, "fault: hang /generate and /health_generate after N completed requests")
 	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
+	fs.IntVar(&c.CorruptEvery, "corrupt-every", 0, "fault: write every Nth dump with input_ids that differ from the request's")
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
 }
 
@@ -111,7 +115,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {
@@ -129,6 +133,7 @@ type Server struct {
 	marker  string // the hook marker file, removed on a clean shutdown
 
 	received  atomic.Int64 // /generate calls, for Fail503Every
+	dumped    atomic.Int64 // dumps written, for CorruptEvery
 	completed atomic.Int64 // answered 200, for ExitAfter and HangAfter
 	hung      chan struct{}
 	hangOnce  sync.Once
@@ -273,7 +278,7 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		return
 	}
 	if s.cfg.LateDumpDelay == 0 {
-		if err := writeDump(s.cfg, req.RID, ids); err != nil {
+		if err := writeDump(s.cfg, req.RID, s.dumpIDs(ids)); err != nil {
 			s.log.Error("dump failed", "rid", req.RID, "error", err)
 			writeError(w, http.StatusInternalServerError, err.Error())
 			return
@@ -293,6 +298,16 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		go s.lateDump(ctx, req.RID, ids)
 	}
 	s.complete(w)
+}
+
+// dumpIDs are the ids a dump records: the request's, but for every CorruptEvery-th dump.
+func (s *Server) dumpIDs(ids []int64) []int64 {
+	if n := s.dumped.Add(1); s.cfg.CorruptEvery == 0 || n%int64(s.cfg.CorruptEvery) != 0 {
+		return ids
+	}
+	bad := append([]int64(nil), ids...)
+	bad[len(bad)-1]++
+	return bad
 }
 
 // tokens returns the request's token ids, or a message saying why it is a bad request.
@@ -356,7 +371,7 @@ func (s *Server) lateDump(ctx context.Context, rid string, ids []int64) {
 		s.log.Info("late dump abandoned at shutdown", "rid", rid)
 		return
 	}
-	if err := writeDump(s.cfg, rid, ids); err != nil {
+	if err := writeDump(s.cfg, rid, s.dumpIDs(ids)); err != nil {
 		s.log.Error("late dump failed", "rid", rid, "error", err)
 		return
 	}
