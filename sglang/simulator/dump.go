@@ -2,6 +2,7 @@ package simulator
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -122,8 +123,22 @@ func removeDeadMarkers(dir string) {
 		if err != nil {
 			continue
 		}
-		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); os.IsNotExist(err) {
+		if !alive(pid) {
 			os.Remove(m)
 		}
 	}
+}
+
+// alive is false for a pid that is gone or a zombie: a killed server whose parent died
+// too waits, unreaped, for an init that may never reap it.
+func alive(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	return b[i+2] != 'Z' && b[i+2] != 'X'
 }
