@@ -547,3 +547,42 @@ func TestCommandLineMistakesExitTwo(t *testing.T) {
 		t.Errorf("bad server.kind from env: %v, %q; want exit 2 naming server.kind", err, errb.String())
 	}
 }
+
+func TestVerifyFindsACorruptFileAndRepairSendsItBack(t *testing.T) {
+	j := newJob(t, 30, 0)
+	if r := j.run("run"); r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	if r := j.run("verify", "--deep"); r.code != 0 || !strings.Contains(r.stdout, "30 ok") {
+		t.Fatalf("verify of a good job: exit %d, %q", r.code, r.stdout)
+	}
+	// One flipped bit in sample 7's hidden states: same size, so only --deep sees it.
+	path := checkpoint.OutputPath(j.out, 7)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, _ := f.Stat()
+	b := make([]byte, 1)
+	f.ReadAt(b, info.Size()-100)
+	b[0] ^= 1
+	f.WriteAt(b, info.Size()-100)
+	f.Close()
+	if r := j.run("verify"); r.code != 0 {
+		t.Errorf("quick verify should not read the data: exit %d %q", r.code, r.stdout)
+	}
+	r := j.run("verify", "--deep")
+	if r.code != 1 || !strings.Contains(r.stdout, "sample 7") || !strings.Contains(r.stderr, "--repair") {
+		t.Fatalf("deep verify: exit %d, stdout %q, stderr %q; want 1 naming sample 7 and --repair", r.code, r.stdout, r.stderr)
+	}
+	if r := j.run("verify", "--deep", "--repair"); r.code != 0 {
+		t.Fatalf("repair: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	if st := j.status(); num(st["done"]) != 29 {
+		t.Fatalf("after repair: %v; want sample 7 back to pending", st)
+	}
+	if r := j.run("run", "--resume"); r.code != 0 {
+		t.Fatalf("resume exit %d\n%s", r.code, r.stderr)
+	}
+	j.requireExact()
+}
