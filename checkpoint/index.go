@@ -454,16 +454,7 @@ func (ix *Index) Load(total int) (*Progress, error) {
 	}
 	p := &Progress{State: make([]State, total), Attempt: make([]uint32, total)}
 	err := ix.view(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSamples)
-		if b == nil {
-			return nil
-		}
-		c := b.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 8 {
-				return fmt.Errorf("sample key %x is not 8 bytes", k)
-			}
-			s := binary.BigEndian.Uint64(k)
+		return eachRecord(tx, func(s uint64, v []byte) error {
 			if s >= uint64(total) {
 				return fmt.Errorf("sample %d: record beyond the dataset's %d samples", s, total)
 			}
@@ -472,13 +463,31 @@ func (ix *Index) Load(total int) (*Progress, error) {
 			}
 			p.State[s] = State(v[1])
 			p.Attempt[s] = binary.BigEndian.Uint32(v[2:])
-		}
-		return nil
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
 	}
 	return p, nil
+}
+
+// eachRecord calls fn with every sample record, in sample order, undecoded.
+func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
+	b := tx.Bucket(bucketSamples)
+	if b == nil {
+		return nil
+	}
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(k) != 8 {
+			return fmt.Errorf("sample key %x is not 8 bytes", k)
+		}
+		if err := fn(binary.BigEndian.Uint64(k), v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // BeginAttempts starts a new attempt of each sample in one txn and returns the new

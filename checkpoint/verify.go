@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"hash/crc32"
 	"maps"
@@ -373,26 +372,17 @@ func attemptOf(rid string) int {
 func (ix *Index) doneRecords() (map[int]Record, error) {
 	done := map[int]Record{}
 	err := ix.view(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketSamples)
-		if b == nil {
-			return nil
-		}
-		c := b.Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(k) != 8 {
-				return fmt.Errorf("sample key %x is not 8 bytes", k)
-			}
+		return eachRecord(tx, func(s uint64, v []byte) error {
 			if len(v) < 2 || State(v[1]) != StateDone {
-				continue
+				return nil
 			}
-			s := int(binary.BigEndian.Uint64(k))
-			r, err := decodeRecord(s, v)
+			r, err := decodeRecord(int(s), v)
 			if err != nil {
 				return err
 			}
-			done[s] = r
-		}
-		return nil
+			done[int(s)] = r
+			return nil
+		})
 	})
 	if err != nil {
 		return nil, err
