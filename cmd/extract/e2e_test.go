@@ -586,3 +586,27 @@ func TestVerifyFindsACorruptFileAndRepairSendsItBack(t *testing.T) {
 	}
 	j.requireExact()
 }
+
+func TestTextSamplesTakeTheServersTokensAsTheTruth(t *testing.T) {
+	j := newJob(t, 3, 0)
+	texts := []string{"hello, world", "EAGLE-3 drafts", "x"}
+	var buf bytes.Buffer
+	for i, text := range texts {
+		line, _ := json.Marshal(map[string]any{"text": text, "id": i})
+		buf.Write(line)
+		buf.WriteByte('\n')
+		ids := simulator.Tokenize(text)
+		mask := make([]int64, len(ids))
+		for k := range mask {
+			mask[k] = 1
+		}
+		j.samples[i] = sample{ids: ids, mask: mask}
+	}
+	if err := os.WriteFile(j.dataset, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := j.run("run"); r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	j.requireExact()
+}
