@@ -144,8 +144,12 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		return err
 	}
 	progress := c.Done+c.Failed > 0
+	same := meta.DatasetFingerprint == ds.Fingerprint && meta.ConfigFingerprint == cfg.Fingerprint()
 	if !progress {
-		// Nothing of the old job survives in the index: adopt the new definition.
+		if same {
+			return nil // keep the attempt numbers: a rid is never reused
+		}
+		// Nothing done under the old definition: adopt the new one.
 		return ix.Reset(want)
 	}
 	if !opt.Resume {

@@ -1,0 +1,86 @@
+package orchestrator
+
+import (
+	"errors"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+)
+
+func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	tests := []struct {
+		name        string
+		done        bool // the first job got one sample done
+		changed     bool // the dataset differs on the second run
+		opt         RunOptions
+		wantErr     string // "" for none
+		wantAttempt uint32 // sample 0's attempt after prepareIndex
+	}{
+		{name: "no progress, same job: attempts are kept", wantAttempt: 1},
+		{name: "no progress, other dataset: the index takes the new one", changed: true, wantAttempt: 0},
+		{name: "progress without --resume is refused with how to resume", done: true, wantErr: "extract run --resume"},
+		{name: "progress with --resume continues", done: true, opt: RunOptions{Resume: true}, wantAttempt: 1},
+		{name: "--resume against another dataset is refused naming it", done: true, changed: true, opt: RunOptions{Resume: true}, wantErr: "is not the one this job was started with"},
+		{name: "--fresh starts over", done: true, changed: true, opt: RunOptions{Fresh: true}, wantAttempt: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := &configs.Config{Server: configs.Server{Kind: "simulator", Layers: []int{2, 30, 58}, Simulator: configs.Simulator{HiddenSize: 8}}}
+			first, err := OpenDataset(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"+`{"input_ids": [3]}`+"\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ix, err := checkpoint.Open(filepath.Join(dir, "index.db"), checkpoint.OpenOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ix.Close()
+			if err := prepareIndex(ix, first, cfg, RunOptions{Log: quiet}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := ix.BeginAttempts([]int{0}); err != nil {
+				t.Fatal(err)
+			}
+			if tt.done {
+				if err := ix.CommitDone(checkpoint.Record{Sample: 1, State: checkpoint.StateDone, Attempt: 1, RID: "s000000001-a1", Updated: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			second := first
+			if tt.changed {
+				if second, err = OpenDataset(writeDataset(t, `{"input_ids": [9, 9]}`+"\n"+`{"input_ids": [3]}`+"\n")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tt.opt.Log = quiet
+			err = prepareIndex(ix, second, cfg, tt.opt)
+			if tt.wantErr != "" {
+				if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want ErrRefused saying %q", err, tt.wantErr)
+				}
+				if tt.changed && !strings.Contains(err.Error(), second.Path) {
+					t.Errorf("refusal does not name the dataset %s: %v", second.Path, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := ix.Load(second.Len())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p.Attempt[0] != tt.wantAttempt {
+				t.Errorf("sample 0's attempt = %d, want %d", p.Attempt[0], tt.wantAttempt)
+			}
+		})
+	}
+}
