@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -257,8 +258,12 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	path := filepath.Join(cfg.StateDir, "index.db")
 	if _, err := os.Stat(path); err != nil {
 		if os.IsNotExist(err) {
+			// No job started yet: everything in the dataset is pending.
 			st.UpdatedAt = time.Now()
-			return st, nil // no job started yet
+			if n, err := countLines(cfg.Dataset); err == nil {
+				st.Total, st.Pending = n, n
+			}
+			return st, nil
 		}
 		return st, fmt.Errorf("index %s: %w", path, err)
 	}
@@ -288,4 +293,33 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 		st.UpdatedAt = info.ModTime()
 	}
 	return st, nil
+}
+
+// countLines counts a JSONL file's samples without decoding them: newline-terminated
+// lines, plus a last line without one.
+func countLines(path string) (int, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	n, last := 0, byte('\n')
+	for {
+		k, err := f.Read(buf)
+		if k > 0 {
+			n += bytes.Count(buf[:k], []byte{'\n'})
+			last = buf[k-1]
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+	if last != '\n' {
+		n++
+	}
+	return n, nil
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -41,5 +42,16 @@ func TestRatesAreMeasuredOverTheRecentWindow(t *testing.T) {
 	want := 120 / rateWindow.Seconds()
 	if sps < want*0.99 || sps > want*1.01 || tps < 99 || tps > 101 {
 		t.Errorf("rates = %.3f samples/s, %.1f tokens/s; want %.3f and 100 (the old point must have dropped out)", sps, tps, want)
+	}
+}
+
+func TestStatusBeforeTheFirstRunCountsTheDatasetAsPending(t *testing.T) {
+	cfg := &configs.Config{Dataset: writeDataset(t, `{"input_ids": [1]}`+"\n"+`{"input_ids": [2]}`+"\n"+`{"input_ids": [3]}`), StateDir: t.TempDir()}
+	st, err := QueryStatus(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != "stopped" || st.Total != 3 || st.Pending != 3 || st.Done != 0 {
+		t.Errorf("status before any run = %+v", st)
 	}
 }
