@@ -152,7 +152,8 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		// Nothing done under the old definition: adopt the new one.
 		return ix.Reset(want)
 	}
-	if !opt.Resume {
+	if !opt.Resume && !(same && c.Done == meta.Total) {
+		// A complete job of the same definition is not at risk: the run says so and exits 0.
 		return fmt.Errorf("%w: %s already has progress (%d of %d samples done); run `extract run --resume` to continue it, or `extract run --fresh` to start over", ErrRefused, ix.Path(), c.Done, meta.Total)
 	}
 	if meta.DatasetFingerprint != ds.Fingerprint {

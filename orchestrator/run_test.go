@@ -18,6 +18,7 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 	tests := []struct {
 		name        string
 		done        bool // the first job got one sample done
+		complete    bool // and the other one too
 		changed     bool // the dataset differs on the second run
 		opt         RunOptions
 		wantErr     string // "" for none
@@ -27,6 +28,7 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 		{name: "no progress, other dataset: the index takes the new one", changed: true, wantAttempt: 0},
 		{name: "progress without --resume is refused with how to resume", done: true, wantErr: "extract run --resume"},
 		{name: "progress with --resume continues", done: true, opt: RunOptions{Resume: true}, wantAttempt: 1},
+		{name: "a complete job without --resume is let through to say it is complete", done: true, complete: true, wantAttempt: 1},
 		{name: "--resume against another dataset is refused naming it", done: true, changed: true, opt: RunOptions{Resume: true}, wantErr: "is not the one this job was started with"},
 		{name: "--fresh starts over", done: true, changed: true, opt: RunOptions{Fresh: true}, wantAttempt: 0},
 	}
@@ -51,6 +53,11 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 			}
 			if tt.done {
 				if err := ix.CommitDone(checkpoint.Record{Sample: 1, State: checkpoint.StateDone, Attempt: 1, RID: "s000000001-a1", Updated: time.Now()}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tt.complete {
+				if err := ix.CommitDone(checkpoint.Record{Sample: 0, State: checkpoint.StateDone, Attempt: 1, RID: "s000000000-a1", Updated: time.Now()}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -343,9 +343,11 @@ func TestDemoSizedJobCompletesAndEveryOutputIsExact(t *testing.T) {
 	if pid := serverPID(j.state); alive(pid) {
 		t.Errorf("server pid %d still running after the job completed", pid)
 	}
-	again := j.run("run", "--resume")
-	if again.code != 0 || !strings.Contains(again.stdout, "already complete") {
-		t.Errorf("resume of a complete job: exit %d, %q", again.code, again.stdout)
+	for _, args := range [][]string{{"run", "--resume"}, {"run"}} {
+		again := j.run(args...)
+		if again.code != 0 || !strings.Contains(again.stdout, "already complete") {
+			t.Errorf("extract %v on a complete job: exit %d, %q %q", args, again.code, again.stdout, again.stderr)
+		}
 	}
 }
 
