@@ -76,25 +76,9 @@ func mkdirDurable(dir string) error {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	for i := len(missing) - 1; i >= 0; i-- {
-		if err := syncDir(filepath.Dir(missing[i])); err != nil {
+		if err := SyncDir(filepath.Dir(missing[i])); err != nil {
 			return err
 		}
-	}
-	return nil
-}
-
-// syncDir fsyncs a directory so that entries created or renamed in it survive a crash.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("open directory %s: %w", dir, err)
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("fsync directory %s: %w", dir, err)
 	}
 	return nil
 }

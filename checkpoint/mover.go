@@ -325,7 +325,7 @@ func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final 
 	renamed = true
 	// The file under its final name is complete either way; without a durable directory
 	// entry the caller must not commit, and its retry overwrites the file.
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := SyncDir(filepath.Dir(final)); err != nil {
 		return 0, 0, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
 	return int64(len(hdr)) + out.n, sum, nil

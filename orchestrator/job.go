@@ -187,7 +187,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	j.status = status
 	defer status.close()
 	ri, _ := json.Marshal(runInfo{PID: os.Getpid(), StatusAddr: status.addr, StartedAt: j.started.UTC()})
-	if err := writeFileAtomic(runInfoPath(j.cfg.StateDir), ri); err != nil {
+	if err := checkpoint.WriteFileAtomic(runInfoPath(j.cfg.StateDir), ri); err != nil {
 		return res, err
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
@@ -925,7 +925,7 @@ func (j *job) logProgress() {
 func (j *job) writeProgress() {
 	b, err := json.MarshalIndent(j.snapshot(), "", "  ")
 	if err == nil {
-		err = writeFileAtomic(progressPath(j.cfg.StateDir), b)
+		err = checkpoint.WriteFileAtomic(progressPath(j.cfg.StateDir), b)
 	}
 	if err != nil {
 		j.log.Warn("write progress snapshot", "err", err)

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/extract-dev/extract/checkpoint"
 )
 
 // hookFiles is the dump hook as the server needs it at run time. The files are named
@@ -104,8 +106,7 @@ func LiveHookMarkers(dir string) []HookMarker {
 func HookDirName() string { return filepath.Join("hook", HookVersion()) }
 
 // InstallHook writes the shipped hook into dir (created if needed), replacing what is
-// there, each file through a temp name so a server starting meanwhile never imports a
-// torn file.
+// there, each file atomically so a server starting meanwhile never imports a torn file.
 func InstallHook(dir string) error {
 	return fs.WalkDir(HookFS(), ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -119,12 +120,8 @@ func InstallHook(dir string) error {
 		if err != nil {
 			return err
 		}
-		tmp := dst + ".tmp"
-		if err := os.WriteFile(tmp, b, 0o644); err != nil {
-			return fmt.Errorf("install dump hook %s: %w", dst, err)
-		}
-		if err := os.Rename(tmp, dst); err != nil {
-			return fmt.Errorf("install dump hook %s: %w", dst, err)
+		if err := checkpoint.WriteFileAtomic(dst, b); err != nil {
+			return fmt.Errorf("install dump hook: %w", err)
 		}
 		return nil
 	})

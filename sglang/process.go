@@ -20,6 +20,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
 )
 
 const (
@@ -475,28 +477,8 @@ func (m *Manager) writeRecord(rec *record) error {
 	if err != nil {
 		return err
 	}
-	path := m.recordPath()
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return fmt.Errorf("write server record %s: %w", tmp, err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = syncDir(m.StateDir)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write server record %s: %w", path, err)
+	if err := checkpoint.WriteFileAtomic(m.recordPath(), append(b, '\n')); err != nil {
+		return fmt.Errorf("server record: %w", err)
 	}
 	return nil
 }
@@ -510,15 +492,6 @@ func (m *Manager) removeRecord() error {
 	// Exited stays: it still closes when the server that was current is gone.
 	m.cur = nil
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 // logTail returns the last lines of the server log written since offset, indented.
