@@ -266,19 +266,6 @@ func (ix *Index) Reset(m Meta) error {
 	})
 }
 
-// SetConfigFingerprint records the fingerprint of the config a run started with.
-func (ix *Index) SetConfigFingerprint(fp string) error {
-	return ix.update(func(tx *bolt.Tx) error {
-		if _, err := jobTotal(tx); err != nil {
-			return err
-		}
-		if err := tx.Bucket(bucketMeta).Put(keyConfigFingerprint, []byte(fp)); err != nil {
-			return fmt.Errorf("write config_fingerprint: %w", err)
-		}
-		return nil
-	})
-}
-
 // jobTotal is the job's sample count; write paths check sample indexes against it so
 // that Load never meets a record beyond the dataset.
 func jobTotal(tx *bolt.Tx) (int, error) {

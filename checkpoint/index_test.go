@@ -58,11 +58,8 @@ func TestIndexReopenKeepsMetaRecordsAndCounters(t *testing.T) {
 		t.Fatalf("Meta of a new index = %v, %v; want not initialised", ok, err)
 	}
 	created := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	want := Meta{DatasetFingerprint: "fp-1", DatasetPath: "/data/d.jsonl", Total: 10, Created: created}
+	want := Meta{DatasetFingerprint: "fp-1", DatasetPath: "/data/d.jsonl", ConfigFingerprint: "cfg-9", Total: 10, Created: created}
 	if err := ix.Init(want); err != nil {
-		t.Fatal(err)
-	}
-	if err := ix.SetConfigFingerprint("cfg-9"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ix.BeginAttempts([]int{1, 2, 3}); err != nil {
@@ -84,7 +81,7 @@ func TestIndexReopenKeepsMetaRecordsAndCounters(t *testing.T) {
 	}
 	defer ix.Close()
 	m, ok, err := ix.Meta()
-	want.SchemaVersion, want.ConfigFingerprint = SchemaVersion, "cfg-9"
+	want.SchemaVersion = SchemaVersion
 	if err != nil || !ok || m != want {
 		t.Fatalf("Meta = %+v, %v, %v; want %+v", m, ok, err, want)
 	}

@@ -64,6 +64,7 @@ type job struct {
 	unhealthy int // consecutive failed health probes
 
 	rates   rateTracker
+	watcher *shm.Watcher
 	gpus    atomic.Pointer[[]GPUStatus] // written by sampleGPUs
 	metrics *metrics
 	status  *statusServer
@@ -202,6 +203,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	defer w.Close()
+	j.watcher = w
 	// work lives until the coordinator is done with senders and movers, past ctx.
 	work, stopWork := context.WithCancel(context.Background())
 	defer stopWork()
@@ -367,6 +369,7 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 				j.log.Warn("measure disk usage", "err", err)
 			}
 			j.checkTimeouts()
+			j.countForeignNames()
 			j.publish()
 			if time.Since(lastLog) >= 30*time.Second {
 				lastLog = time.Now()
@@ -833,6 +836,15 @@ func (j *job) onServerExit(ctx context.Context) error {
 	case <-time.After(backoff):
 	}
 	return j.startServer(ctx, true)
+}
+
+// countForeignNames reports files in the staging dir that are not dumps: never opened,
+// but a person should know something else writes there.
+func (j *job) countForeignNames() {
+	if d := j.watcher.Ignored() - j.rejected["foreign_name"]; d > 0 {
+		j.rejected["foreign_name"] += d
+		j.metrics.rejected.WithLabelValues("foreign_name").Add(float64(d))
+	}
 }
 
 // measure refreshes the disk and staging usage that admission checks.

@@ -19,9 +19,6 @@ type Lock struct {
 	f *os.File
 }
 
-// ErrLockHeld is returned when another live process holds the run lock.
-var ErrLockHeld = errors.New("another run holds the lock")
-
 // HeldError says which process holds the lock.
 type HeldError struct {
 	PID  int
@@ -34,8 +31,6 @@ func (e *HeldError) Error() string {
 	}
 	return fmt.Sprintf("another extract run holds %s", e.Path)
 }
-
-func (e *HeldError) Unwrap() error { return ErrLockHeld }
 
 func lockPath(stateDir string) string { return filepath.Join(stateDir, "lock") }
 

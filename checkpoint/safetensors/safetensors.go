@@ -83,14 +83,6 @@ func (h *Header) Tensor(name string) (Tensor, bool) {
 	return Tensor{}, false
 }
 
-// DataLen is the size of the data section.
-func (h *Header) DataLen() int64 {
-	if len(h.Tensors) == 0 {
-		return 0
-	}
-	return h.Tensors[len(h.Tensors)-1].End
-}
-
 type jsonTensor struct {
 	DType       DType    `json:"dtype"`
 	Shape       []int64  `json:"shape"`

@@ -247,6 +247,10 @@ func TestStopDrainsInFlightSamplesAndResumeFinishesExact(t *testing.T) {
 
 func TestMetricsAreScrapableWhileRunning(t *testing.T) {
 	j := newJob(t, 60, 3000)
+	// Something else writes into the staging dir: never read, but reported.
+	if err := os.WriteFile(filepath.Join(j.shmDir, "notes.txt"), []byte("hi"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	_, wait := j.start("run")
 	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 2 })
 	var ri struct {
@@ -262,7 +266,7 @@ func TestMetricsAreScrapableWhileRunning(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, name := range []string{"extract_samples_total 60", "extract_samples_done ", "extract_samples_inflight ", "extract_output_bytes ",
-		"extract_move_seconds_bucket", "extract_staging_bytes ", "extract_output_free_bytes ", "extract_server_restarts_total 0", "process_resident_memory_bytes"} {
+		"extract_move_seconds_bucket", "extract_staging_bytes ", "extract_output_free_bytes ", "extract_server_restarts_total 0", `extract_dumps_rejected_total{reason="foreign_name"} 1`, "process_resident_memory_bytes"} {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
