@@ -40,7 +40,6 @@ type job struct {
 	failures map[int]int     // failed attempts per sample in this run
 
 	counters     checkpoint.Counters
-	doneTokens   int64
 	rejected     map[string]int64
 	paused       []string
 	shmBudget    int64
@@ -136,7 +135,6 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 			j.queue = append(j.queue, i)
 		}
 	}
-	j.doneTokens = c.Tokens
 	spec := launchSpec(cfg, opt.Executable)
 	j.mgr = &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: j.log}
 	j.client = sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, Logger: j.log})
@@ -224,7 +222,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	if j.cfg.Server.Kind == sglang.KindSGLang {
 		go sampleGPUs(work, sglang.NewGPUInspector(nil), j.cfg.GPUIndices(), 10*time.Second, &j.gpus, j.log)
 	}
-	loopErr := j.loop(ctx, work)
+	loopErr := j.loop(ctx)
 	// Moves under way finish (each saves a resend); queued ones stay in shm for the next
 	// run to adopt.
 	close(j.moveJobs)
@@ -316,7 +314,7 @@ func (j *job) stopServer() {
 
 // loop is the coordinator: it admits samples, routes dumps to movers and settles results
 // until every sample is done or failed, or a graceful stop has drained.
-func (j *job) loop(ctx context.Context, work context.Context) error {
+func (j *job) loop(ctx context.Context) error {
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	var drainUntil time.Time
@@ -327,7 +325,7 @@ func (j *job) loop(ctx context.Context, work context.Context) error {
 			return nil
 		}
 		if !j.draining {
-			if err := j.admit(work); err != nil {
+			if err := j.admit(); err != nil {
 				return err
 			}
 		}
@@ -393,7 +391,7 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 }
 
 // admit sends samples while the window and the budgets allow (invariant 5).
-func (j *job) admit(work context.Context) error {
+func (j *job) admit() error {
 	var batch []int
 	var reserved int64
 	// Every flight counts until its move lands, and a landed move is taken off diskFree
@@ -451,7 +449,7 @@ func (j *job) admit(work context.Context) error {
 		j.prog.Attempt[s] = uint32(attempts[i])
 		j.prog.State[s] = checkpoint.StateInflight
 		j.inflight[s] = &flight{sample: s, attempt: attempts[i], rid: rid.String(), expected: j.expectedBytes(s)}
-		go j.send(work, s, rid)
+		go j.send(j.work, s, rid)
 	}
 	return nil
 }
@@ -676,7 +674,6 @@ func (j *job) onMoved(r moveResult) error {
 				used = max(used, f.expected)
 			}
 			j.diskFree -= used
-			j.doneTokens += int64(r.moved.Tokens)
 		}
 		delete(j.inflight, s)
 		j.metrics.moveSeconds.Observe(r.took.Seconds())
@@ -875,6 +872,7 @@ func (j *job) measure() error {
 
 // publish refreshes the live status and metrics.
 func (j *job) publish() {
+	j.rates.add(ratePoint{at: time.Now(), samples: int64(j.counters.Done), tokens: j.counters.Tokens, byts: j.counters.BytesWritten})
 	st := j.snapshot()
 	if j.status != nil {
 		j.status.set(st)
@@ -892,7 +890,6 @@ func (j *job) publish() {
 
 func (j *job) snapshot() Status {
 	now := time.Now()
-	j.rates.add(ratePoint{at: now, samples: int64(j.counters.Done), tokens: j.doneTokens, byts: j.counters.BytesWritten})
 	sps, tps, bps := j.rates.rates()
 	total := j.ds.Len()
 	remaining := total - j.counters.Done - j.counters.Failed
