@@ -2,7 +2,6 @@ package checkpoint
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -51,34 +50,4 @@ func parseDataName(name string) (int, bool) {
 		return 0, false
 	}
 	return n, true
-}
-
-// mkdirDurable creates dir and any missing parents, and fsyncs the parent of each
-// directory it creates: a rename into a new directory is only durable once the
-// directory's own entry is.
-func mkdirDurable(dir string) error {
-	var missing []string
-	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
-		if _, err := os.Stat(d); err == nil {
-			break
-		} else if !os.IsNotExist(err) {
-			return fmt.Errorf("stat %s: %w", d, err)
-		}
-		missing = append(missing, d)
-		if filepath.Dir(d) == d {
-			break
-		}
-	}
-	if len(missing) == 0 {
-		return nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := SyncDir(filepath.Dir(missing[i])); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -1,7 +1,6 @@
 package checkpoint
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 )
@@ -53,18 +52,5 @@ func TestParseDataNameAcceptsOnlyCanonicalNames(t *testing.T) {
 		if ok != tc.ok || s != tc.sample {
 			t.Errorf("parseDataName(%q) = %d, %v; want %d, %v", tc.name, s, ok, tc.sample, tc.ok)
 		}
-	}
-}
-
-func TestMkdirDurableCreatesMissingParents(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "out", "rows_0-2000")
-	if err := mkdirDurable(dir); err != nil {
-		t.Fatal(err)
-	}
-	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		t.Fatalf("stat %s: %v", dir, err)
-	}
-	if err := mkdirDurable(dir); err != nil {
-		t.Fatalf("second mkdirDurable: %v", err)
 	}
 }

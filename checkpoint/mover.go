@@ -14,7 +14,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/atomicfile"
+	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // The names of dump protocol v1 and output layout v1.
@@ -118,7 +119,7 @@ func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, 
 		return Moved{}, fmt.Errorf("sample %d: check dump %s: %w", want.Sample, dumpPath, err)
 	}
 	final := OutputPath(m.OutputDir, want.Sample)
-	if err := mkdirDurable(filepath.Dir(final)); err != nil {
+	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
 	n, sum, err := writeOutput(ctx, src, d, want, final, buf)
@@ -313,7 +314,7 @@ func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final 
 	if _, err := f.WriteAt([]byte(fmt.Sprintf("%08x", sum)), int64(crcAt)); err != nil {
 		return fail("patch crc32c in", err)
 	}
-	if err := f.Sync(); err != nil {
+	if err := atomicfile.Sync(f); err != nil {
 		return fail("fsync", err)
 	}
 	if err := f.Close(); err != nil {
@@ -325,7 +326,7 @@ func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final 
 	renamed = true
 	// The file under its final name is complete either way; without a durable directory
 	// entry the caller must not commit, and its retry overwrites the file.
-	if err := SyncDir(filepath.Dir(final)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(final)); err != nil {
 		return 0, 0, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
 	return int64(len(hdr)) + out.n, sum, nil

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 	"golang.org/x/sys/unix"
 )
 

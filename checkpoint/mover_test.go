@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // dumpSpec describes a test dump; the zero value of each field means protocol v1's default.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -186,7 +187,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	j.status = status
 	defer status.close()
 	ri, _ := json.Marshal(runInfo{PID: os.Getpid(), StatusAddr: status.addr, StartedAt: j.started.UTC()})
-	if err := checkpoint.WriteFileAtomic(runInfoPath(j.cfg.StateDir), ri); err != nil {
+	if err := atomicfile.WriteFile(runInfoPath(j.cfg.StateDir), ri, 0o644); err != nil {
 		return res, err
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
@@ -934,7 +935,7 @@ func (j *job) logProgress() {
 func (j *job) writeProgress() {
 	b, err := json.MarshalIndent(j.snapshot(), "", "  ")
 	if err == nil {
-		err = checkpoint.WriteFileAtomic(progressPath(j.cfg.StateDir), b)
+		err = atomicfile.WriteFile(progressPath(j.cfg.StateDir), b, 0o644)
 	}
 	if err != nil {
 		j.log.Warn("write progress snapshot", "err", err)

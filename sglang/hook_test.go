@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // writeDumpPy writes one dump with the hook's own writer.py from hex-encoded tensor

@@ -12,7 +12,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 // hookFiles is the dump hook as the server needs it at run time. The files are named
@@ -120,7 +120,7 @@ func InstallHook(dir string) error {
 		if err != nil {
 			return err
 		}
-		if err := checkpoint.WriteFileAtomic(dst, b); err != nil {
+		if err := atomicfile.WriteFile(dst, b, 0o644); err != nil {
 			return fmt.Errorf("install dump hook: %w", err)
 		}
 		return nil

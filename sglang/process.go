@@ -21,7 +21,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 const (
@@ -477,7 +477,7 @@ func (m *Manager) writeRecord(rec *record) error {
 	if err != nil {
 		return err
 	}
-	if err := checkpoint.WriteFileAtomic(m.recordPath(), append(b, '\n')); err != nil {
+	if err := atomicfile.WriteFile(m.recordPath(), append(b, '\n'), 0o644); err != nil {
 		return fmt.Errorf("server record: %w", err)
 	}
 	return nil

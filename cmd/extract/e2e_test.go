@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 	"github.com/extract-dev/extract/sglang/simulator"
 	"github.com/extract-dev/extract/shm"
 )

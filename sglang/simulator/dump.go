@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // writeDump writes one request's dump by protocol v1: rows are streamed through a

@@ -26,7 +26,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/pflag"
 
-	"github.com/extract-dev/extract/checkpoint/safetensors"
+	"github.com/extract-dev/extract/internal/safetensors"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 

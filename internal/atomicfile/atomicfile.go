@@ -1,0 +1,94 @@
+// Package atomicfile writes files the crash-safe way: a temp name in the same directory,
+// fsync, rename, then fsync of the directory. Unlike containerd's and tailscale's
+// atomicfile, which promise readers a whole file, this one also promises that the rename
+// survives a power cut once WriteFile returns: extract's index is committed only after.
+//
+// It is a leaf (stdlib only) so that every package that writes state can use it.
+package atomicfile
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+)
+
+// WriteFile replaces path with data: a reader sees the old file or the new one, never a
+// torn one, and a crash leaves at most a temp file named after path (base + ".tmp*").
+func WriteFile(path string, data []byte, perm os.FileMode) error {
+	dir, base := filepath.Split(path)
+	if dir == "" {
+		dir = "."
+	}
+	f, err := os.CreateTemp(dir, "."+base+".tmp*")
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	tmp := f.Name()
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Chmod(perm)
+	}
+	if err == nil {
+		err = Sync(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return SyncDir(dir)
+}
+
+// SyncDir fsyncs a directory so that entries created, renamed or removed in it survive a
+// crash. Filesystems that cannot sync a directory (EINVAL, ENOTSUP) are taken at their word.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("open directory %s: %w", dir, err)
+	}
+	err = syncDir(d)
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if errors.Is(err, syscall.EINVAL) || errors.Is(err, syscall.ENOTSUP) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("fsync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// MkdirAll creates dir and any missing parents, and fsyncs the parent of each directory it
+// created, so the whole path survives a crash.
+func MkdirAll(dir string, perm os.FileMode) error {
+	var missing []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); err == nil {
+			break
+		}
+		missing = append(missing, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, perm); err != nil {
+		return fmt.Errorf("create directory %s: %w", dir, err)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := SyncDir(filepath.Dir(missing[i])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
