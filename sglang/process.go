@@ -394,8 +394,16 @@ func (m *Manager) Stop(ctx context.Context, grace time.Duration) error {
 	m.op.Lock()
 	defer m.op.Unlock()
 	rec, err := m.readRecord()
-	if err != nil || rec == nil {
+	if err != nil {
 		return err
+	}
+	if rec == nil {
+		// server.json is gone (say its state dir was deleted under the run): the server
+		// this process launched or adopted is still ours to stop, or it would hold the
+		// GPUs with nobody left to stop it.
+		if rec = m.currentRecord(); rec == nil {
+			return nil
+		}
 	}
 	switch m.identify(rec) {
 	case procOurs:
@@ -451,6 +459,22 @@ func waitGroupGone(ctx context.Context, pgid int, d time.Duration) bool {
 		case <-t.C:
 		}
 	}
+}
+
+// currentRecord describes the server this Manager launched or adopted, for when its
+// record on disk is lost; nil when there is none.
+func (m *Manager) currentRecord() *record {
+	m.mu.Lock()
+	cur := m.cur
+	m.mu.Unlock()
+	if cur == nil {
+		return nil
+	}
+	boot, err := bootID()
+	if err != nil {
+		return nil
+	}
+	return &record{PID: cur.PID, PGID: cur.PGID, StartTime: cur.StartTime, BootID: boot, Port: cur.Port, Fingerprint: cur.Fingerprint, Argv: cur.Argv}
 }
 
 func (m *Manager) readRecord() (*record, error) {

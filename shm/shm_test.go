@@ -2,12 +2,15 @@ package shm
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // stagingDir returns a fresh directory on a real tmpfs when the machine has /dev/shm.
@@ -83,6 +86,10 @@ func TestWatcherReportsLeftoversThenRenamedDumps(t *testing.T) {
 	defer w.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	leftovers, err := w.Scan()
+	if err != nil || len(leftovers) != 1 || leftovers[0].RID != (RID{1, 1}) {
+		t.Fatalf("Scan = %v, %v; want the one leftover s000000001-a1", leftovers, err)
+	}
 	out := make(chan Dump)
 	go w.Run(ctx, out)
 
@@ -97,8 +104,6 @@ func TestWatcherReportsLeftoversThenRenamedDumps(t *testing.T) {
 			t.Fatalf("no dump reported, want %v", want)
 		}
 	}
-	expect(RID{1, 1})
-
 	// The hook's protocol: write the partial, then rename it to the final name.
 	partial := filepath.Join(dir, "s000000003-a2.safetensors.partial")
 	if err := os.WriteFile(partial, []byte("data"), 0o644); err != nil {
@@ -165,5 +170,84 @@ func TestMeasureCountsBytesAndPartials(t *testing.T) {
 	}
 	if u.Free <= 0 || u.Total < u.Free {
 		t.Errorf("Measure free/total = %d/%d", u.Free, u.Total)
+	}
+}
+
+func TestHostileStagingEntriesAreReportedAndNeverOpened(t *testing.T) {
+	dir := stagingDir(t)
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("private"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(dir, "s999999990-a1.safetensors")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(dir, "s999999996-a1.safetensors")
+	if err := os.Symlink(secret, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "s999999997-a1.safetensors"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWatcher(dir, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	dumps, err := w.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dumps) != 0 {
+		t.Errorf("Scan reported %v; a FIFO, a symlink and a directory are not dumps", dumps)
+	}
+	if got := w.NotRegular(); got != 3 {
+		t.Errorf("NotRegular() = %d, want 3", got)
+	}
+
+	// A FIFO or a symlink reaching the opener (swapped in after a scan) is refused at
+	// once: never blocking, never followed.
+	done := make(chan error, 2)
+	go func() {
+		_, err := OpenDump(fifo)
+		done <- err
+	}()
+	go func() {
+		_, err := OpenDump(link)
+		done <- err
+	}()
+	for range 2 {
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrNotRegular) {
+				t.Errorf("OpenDump = %v, want ErrNotRegular", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("OpenDump blocked on a FIFO")
+		}
+	}
+	f, err := OpenDump(secret)
+	if err != nil {
+		t.Fatalf("OpenDump of a regular file: %v", err)
+	}
+	f.Close()
+}
+
+func TestRemovePartialsDeletesOnlyTheHooksPartials(t *testing.T) {
+	dir := stagingDir(t)
+	for _, name := range []string{"s000000001-a1.safetensors.partial", "model-weights.bin.partial", "s000000002-a1.safetensors"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := RemovePartials(dir)
+	if err != nil || n != 1 {
+		t.Fatalf("RemovePartials = %d, %v; want 1 removed", n, err)
+	}
+	for name, want := range map[string]bool{"s000000001-a1.safetensors.partial": false, "model-weights.bin.partial": true, "s000000002-a1.safetensors": true} {
+		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != want {
+			t.Errorf("%s present = %v, want %v", name, err == nil, want)
+		}
 	}
 }

@@ -26,8 +26,9 @@ type Watcher struct {
 	dir     string
 	fsw     *fsnotify.Watcher
 	log     *slog.Logger
-	ignored atomic.Int64
-	seen    map[string]bool // names already reported as ignored, so a noisy file logs once
+	ignored    atomic.Int64
+	notRegular atomic.Int64
+	seen       map[string]bool // names already reported, so a noisy entry logs once
 }
 
 // NewWatcher creates dir if needed and starts watching it. The watch is added here, before
@@ -50,12 +51,19 @@ func NewWatcher(dir string, log *slog.Logger) (*Watcher, error) {
 // Ignored counts names in the staging dir that are neither dumps nor partials.
 func (w *Watcher) Ignored() int64 { return w.ignored.Load() }
 
+// NotRegular counts entries with a dump's name that are not regular files (FIFOs,
+// symlinks, directories): reported, never opened (invariant 8).
+func (w *Watcher) NotRegular() int64 { return w.notRegular.Load() }
+
 // Close releases the inotify watch.
 func (w *Watcher) Close() error { return w.fsw.Close() }
 
-// Run scans the leftovers, then reports each new dump on out until ctx is done. It never
-// stops draining fsnotify's channels, even while out is full: reports queue up instead,
-// and an overflow of the kernel queue triggers a rescan.
+// Run reports each new dump on out until ctx is done. The caller scans the leftovers
+// first (Scan), after NewWatcher added the watch, so nothing renamed in between is
+// missed; a dump may then be reported twice. Run never stops draining fsnotify's
+// channels, even while out is full: reports queue up instead, and an overflow of the
+// kernel queue triggers a rescan. An error means dumps would stop arriving: the caller
+// must end the run.
 func (w *Watcher) Run(ctx context.Context, out chan<- Dump) error {
 	var queue []Dump
 	queued := map[string]bool{}
@@ -70,9 +78,6 @@ func (w *Watcher) Run(ctx context.Context, out chan<- Dump) error {
 		for _, d := range dumps {
 			push(d)
 		}
-		return err
-	}
-	if err := scan(); err != nil {
 		return err
 	}
 	for {
@@ -94,7 +99,11 @@ func (w *Watcher) Run(ctx context.Context, out chan<- Dump) error {
 			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) {
 				continue
 			}
-			if d, ok := w.classify(ev.Name); ok {
+			fi, err := os.Lstat(ev.Name)
+			if err != nil {
+				continue // renamed or removed meanwhile
+			}
+			if d, ok := w.classify(ev.Name, fi.Mode().Type()); ok {
 				push(d)
 			}
 		case err, ok := <-w.fsw.Errors:
@@ -121,22 +130,31 @@ func (w *Watcher) Scan() ([]Dump, error) {
 	}
 	var dumps []Dump
 	for _, e := range entries {
-		if e.IsDir() {
-			continue
-		}
-		if d, ok := w.classify(filepath.Join(w.dir, e.Name())); ok {
+		if d, ok := w.classify(filepath.Join(w.dir, e.Name()), e.Type()); ok {
 			dumps = append(dumps, d)
 		}
 	}
 	return dumps, nil
 }
 
-// classify accepts final dump names only; any other name that is not the hook's own is
+// classify accepts regular files under final dump names only (typ is the entry's type
+// from lstat, never from a followed link); any other name that is not the hook's own is
 // reported once, and none is ever opened.
-func (w *Watcher) classify(path string) (Dump, bool) {
+func (w *Watcher) classify(path string, typ os.FileMode) (Dump, bool) {
 	name := filepath.Base(path)
 	if rid, ok := ParseDumpName(name); ok {
-		return Dump{Path: path, RID: rid}, true
+		if typ.IsRegular() {
+			return Dump{Path: path, RID: rid}, true
+		}
+		if !w.seen[name] {
+			w.seen[name] = true
+			w.notRegular.Add(1)
+			w.log.Warn("ignoring staging entry with a dump's name: not a regular file; never opened", "file", path, "type", describeMode(typ))
+		}
+		return Dump{}, false
+	}
+	if typ.IsDir() {
+		return Dump{}, false
 	}
 	// Partials are work in progress; dot files are the hook's (its .hook-<pid>.json marker).
 	if strings.HasSuffix(name, PartialSuffix) || strings.HasPrefix(name, ".") || w.seen[name] {
