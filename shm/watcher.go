@@ -23,9 +23,9 @@ type Dump struct {
 // those already there when it starts. A dump may be reported more than once (scan and
 // event can both see it); consumers de-duplicate by path.
 type Watcher struct {
-	dir     string
-	fsw     *fsnotify.Watcher
-	log     *slog.Logger
+	dir        string
+	fsw        *fsnotify.Watcher
+	log        *slog.Logger
 	ignored    atomic.Int64
 	notRegular atomic.Int64
 	seen       map[string]bool // names already reported, so a noisy entry logs once
