@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/shm"
 )
 
 // Errors that map to the CLI's exit codes.
@@ -80,7 +81,8 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	res.Total = ds.Len()
 	for _, dir := range []string{cfg.OutputDir, cfg.StateDir} {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return res, fmt.Errorf("create %s: %w", dir, err)
+			// The node is not fit to run, as doctor says of the same dir (exit 3).
+			return res, fmt.Errorf("%w: create %s: %v", ErrPreflight, dir, err)
 		}
 	}
 	lock, err := AcquireLock(cfg.StateDir)
@@ -94,6 +96,10 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	defer lock.Release()
 
 	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{Timeout: 2 * time.Second})
+	if errors.Is(err, checkpoint.ErrLocked) {
+		// Someone (verify, a doctor) reads the index right now: cron should try again.
+		return res, fmt.Errorf("%w: %v", ErrTemporary, err)
+	}
 	if err != nil {
 		return res, err
 	}
@@ -109,7 +115,15 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := rep.Err(); err != nil {
 		return res, err
 	}
-	j, err := newJob(cfg, opt, ds, ix, started)
+	if opt.Fresh {
+		// The old job's dumps must not reach the new job's outputs (invariant 7).
+		if n, err := shm.RemoveDumps(cfg.ShmDir); err != nil {
+			return res, err
+		} else if n > 0 {
+			opt.Log.Info("--fresh: removed the old job's dumps from staging", "dumps", n, "dir", cfg.ShmDir)
+		}
+	}
+	j, err := newJob(cfg, opt, ds, ix, lock, started)
 	if err != nil {
 		return res, err
 	}

@@ -43,6 +43,7 @@ type Status struct {
 	Server           ServerStatus     `json:"server"`
 	GPUs             []GPUStatus      `json:"gpus,omitempty"` // when NVML is there (server.kind sglang)
 	Rejected         map[string]int64 `json:"rejected"`
+	AdoptedDumps     int64            `json:"adopted_dumps"` // leftovers of an earlier run moved, not recomputed
 	Dataset          string           `json:"dataset"`
 	OutputDir        string           `json:"output_dir"`
 	StartedAt        *time.Time       `json:"started_at,omitempty"`

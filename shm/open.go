@@ -92,3 +92,27 @@ func IsPartialName(name string) bool {
 	_, ok := ParseDumpName(name[:len(name)-len(PartialSuffix)])
 	return ok
 }
+
+// RemoveDumps deletes the complete dumps in the staging dir (regular files under a dump
+// name, the names the hook writes), for --fresh: the old job's dumps must not be adopted.
+// A missing dir has none.
+func RemoveDumps(dir string) (int, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("scan staging dir %s: %w", dir, err)
+	}
+	n := 0
+	for _, e := range entries {
+		if _, ok := ParseDumpName(e.Name()); !ok || !e.Type().IsRegular() {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return n, fmt.Errorf("remove old dump: %w", err)
+		}
+		n++
+	}
+	return n, nil
+}

@@ -1,0 +1,146 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/extract-dev/extract/internal/atomicfile"
+	"github.com/extract-dev/extract/shm"
+)
+
+// quarantineMax caps the bytes kept in state_dir/quarantine: enough dumps for a person
+// to see what went wrong, never enough to fill the state disk when every dump is bad.
+const quarantineMax = 1 << 30
+
+// heldPrefix marks a dump taken out of the staging namespace for quarantine: a rename
+// in the same directory is instant, so the coordinator never waits on the copy, and a
+// dot name is never reported as a dump again.
+const heldPrefix = ".quarantine-"
+
+// quarantine keeps rejected dumps for inspection. The coordinator renames a dump aside
+// (hold); the worker copies it into state_dir/quarantine, within quarantineMax, and
+// removes the held name, which extract itself wrote.
+type quarantine struct {
+	stagingDir, dir string
+	log             *slog.Logger
+	jobs            chan string
+}
+
+func newQuarantine(stagingDir, stateDir string, log *slog.Logger) *quarantine {
+	return &quarantine{stagingDir: stagingDir, dir: filepath.Join(stateDir, "quarantine"), log: log, jobs: make(chan string, 4096)}
+}
+
+// hold renames the dump aside and queues it for the worker. A dump it cannot rename is
+// left where it is: it will be rejected again, which loses nothing.
+func (q *quarantine) hold(path string) {
+	held := filepath.Join(filepath.Dir(path), heldPrefix+filepath.Base(path))
+	if err := os.Rename(path, held); err != nil {
+		q.log.Warn("could not take dump out of staging for quarantine", "file", path, "err", err)
+		return
+	}
+	select {
+	case q.jobs <- held:
+	default:
+		q.drop(held, "quarantine queue full")
+	}
+}
+
+// queueHeld picks up dumps held by an earlier run that died before copying them.
+func (q *quarantine) queueHeld() {
+	entries, _ := os.ReadDir(q.stagingDir)
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), heldPrefix) && e.Type().IsRegular() {
+			if _, ok := shm.ParseDumpName(strings.TrimPrefix(e.Name(), heldPrefix)); ok {
+				select {
+				case q.jobs <- filepath.Join(q.stagingDir, e.Name()):
+				default:
+				}
+			}
+		}
+	}
+}
+
+// run copies held dumps until ctx ends; what is left stays held for the next run.
+func (q *quarantine) run(ctx context.Context) error {
+	used := dirBytes(q.dir)
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case held := <-q.jobs:
+			n, err := q.keep(held, quarantineMax-used)
+			used += n
+			if err != nil {
+				q.drop(held, err.Error())
+				continue
+			}
+			if err := os.Remove(held); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				q.log.Warn("remove quarantined dump from staging", "file", held, "err", err)
+			}
+		}
+	}
+}
+
+// keep copies a held dump into the quarantine dir if it fits in room bytes.
+func (q *quarantine) keep(held string, room int64) (int64, error) {
+	src, err := shm.OpenDump(held)
+	if err != nil {
+		return 0, err
+	}
+	defer src.Close()
+	st, err := src.Stat()
+	if err != nil {
+		return 0, err
+	}
+	if st.Size() > room {
+		return 0, fmt.Errorf("quarantine %s is full (%d bytes kept at most)", q.dir, quarantineMax)
+	}
+	if err := atomicfile.MkdirAll(q.dir, 0o700); err != nil {
+		return 0, err
+	}
+	name := strings.TrimPrefix(filepath.Base(held), heldPrefix)
+	dst, err := os.CreateTemp(q.dir, "."+name+".tmp*")
+	if err != nil {
+		return 0, err
+	}
+	tmp := dst.Name()
+	_, err = io.Copy(dst, io.LimitReader(src, st.Size()))
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(q.dir, name))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return 0, fmt.Errorf("copy %s into quarantine: %w", held, err)
+	}
+	q.log.Warn("dump quarantined", "file", filepath.Join(q.stagingDir, name), "kept_as", filepath.Join(q.dir, name))
+	return st.Size(), nil
+}
+
+// drop removes a held dump that cannot be kept; the held name is extract's own.
+func (q *quarantine) drop(held, why string) {
+	q.log.Warn("rejected dump not kept in quarantine; removing it", "file", held, "why", why)
+	if err := os.Remove(held); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		q.log.Warn("remove held dump", "file", held, "err", err)
+	}
+}
+
+func dirBytes(dir string) int64 {
+	var n int64
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n
+}
