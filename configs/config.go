@@ -469,23 +469,23 @@ func (c *Config) checkDirs() []error {
 	refuse := func(a, b dir, rel string) {
 		errs = append(errs, fmt.Errorf("%s %s %s %s %s: keep them apart", a.key, a.path, rel, b.key, b.path))
 	}
-	check := func(a, b dir, insideOK bool) {
+	// Each pair once, so a shared directory is one message, not two.
+	check := func(a, b dir, aInBOK bool) {
 		if a.path == "" || b.path == "" {
 			return
 		}
-		switch r := relation(a.path, b.path); {
-		case r == same:
+		switch {
+		case relation(a.path, b.path) == same:
 			refuse(a, b, "is the same directory as")
-		case r == inside && !insideOK:
+		case relation(a.path, b.path) == inside && !aInBOK:
 			refuse(a, b, "is inside")
+		case relation(b.path, a.path) == inside:
+			refuse(b, a, "is inside")
 		}
 	}
 	check(out, shm, false)
-	check(shm, out, false)
 	check(state, shm, false)
-	check(shm, state, false)
 	check(state, out, true)
-	check(out, state, false)
 	if c.Dataset != "" && c.ShmDir != "" && relation(c.Dataset, c.ShmDir) == inside {
 		errs = append(errs, fmt.Errorf("dataset %s is inside shm_dir %s, which is world-writable and emptied by extract: keep the dataset elsewhere", c.Dataset, c.ShmDir))
 	}

@@ -49,11 +49,11 @@ type lineRef struct {
 type fileID struct {
 	dev, ino uint64
 	size     int64
-	mtime    time.Time
+	mtime    int64 // ns since the epoch: comparable with ==, unlike a time.Time
 }
 
 func fileIDOf(fi os.FileInfo) fileID {
-	id := fileID{size: fi.Size(), mtime: fi.ModTime()}
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		id.dev, id.ino = uint64(st.Dev), st.Ino
 	}
@@ -442,7 +442,7 @@ func (d *Dataset) checkUnchanged() error {
 }
 
 func (d *Dataset) changed(i int, what string) error {
-	return fmt.Errorf("%w: %s, read for sample %d (line %d): %s; restore the file as it was when the run started, or start over with --fresh", ErrDatasetChanged, d.Path, i, i+1, what)
+	return fmt.Errorf("%w: dataset %s, read for sample %d (line %d): %s; restore the file as it was when the run started, or start over with --fresh", ErrDatasetChanged, d.Path, i, i+1, what)
 }
 
 func describeChange(was, now fileID) string {
@@ -452,7 +452,7 @@ func describeChange(was, now fileID) string {
 	case was.size != now.size:
 		return fmt.Sprintf("size %d bytes, now %d", was.size, now.size)
 	default:
-		return fmt.Sprintf("mtime %s, now %s", was.mtime.Format(time.RFC3339Nano), now.mtime.Format(time.RFC3339Nano))
+		return fmt.Sprintf("mtime %s, now %s", time.Unix(0, was.mtime).UTC().Format(time.RFC3339Nano), time.Unix(0, now.mtime).UTC().Format(time.RFC3339Nano))
 	}
 }
 
