@@ -2,6 +2,7 @@ package configs
 
 import (
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -35,7 +36,16 @@ func ParseByteSize(s string) (ByteSize, error) {
 	if err != nil || f < 0 {
 		return 0, fmt.Errorf("size %q: want bytes or a number with a unit (KiB, MiB, GiB, TiB, KB, MB, GB, TB)", s)
 	}
-	return ByteSize(f * mult), nil
+	return fromFloat(f*mult, s)
+}
+
+// fromFloat refuses what ByteSize cannot hold: converting NaN, ±Inf or a float past
+// int64 to an integer gives an arbitrary value in Go, not an error.
+func fromFloat(f float64, orig any) (ByteSize, error) {
+	if math.IsNaN(f) || f < 0 || f > maxByteSize {
+		return 0, fmt.Errorf("size %v: want 0..%d bytes", orig, int64(maxByteSize))
+	}
+	return ByteSize(f), nil
 }
 
 func (b ByteSize) String() string {
@@ -64,7 +74,7 @@ func byteSizeHook(from, to reflect.Type, data any) (any, error) {
 	case int64:
 		return ByteSize(v), nil
 	case float64:
-		return ByteSize(v), nil
+		return fromFloat(v, v)
 	}
 	return data, nil
 }

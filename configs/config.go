@@ -7,10 +7,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -156,6 +159,9 @@ type Flag struct {
 // the result and makes its paths absolute. Relative paths from the file resolve against
 // the file's folder; those from env or flags against the working directory.
 func Load(file string, flags []Flag) (*Config, error) {
+	if err := checkEnv(os.Environ()); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	v := viper.New()
 	v.SetEnvPrefix("EXTRACT")
 	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
@@ -227,6 +233,65 @@ func fromFile(v *viper.Viper, key string, flags []Flag) bool {
 	return v.InConfig(key)
 }
 
+// envNotKeys are EXTRACT_* variables that are no config key by design, so checkEnv
+// must not call them typos. Each names who reads it.
+var envNotKeys = map[string]string{
+	"EXTRACT_CONFIG":         "cmd/extract: the config file, the default of --config",
+	"EXTRACT_SERVER_ID":      "sglang: marks the server's processes as this job's (process.go, owner.go)",
+	"EXTRACT_BENCH_OUT":      "checkpoint's mover benchmark and scripts/bench.sh: the output dir to measure",
+	"EXTRACT_TEST_INHERITED": "sglang's launch test: an inherited variable it looks for",
+}
+
+// checkEnv refuses an EXTRACT_* variable that names no key: viper would ignore it, and
+// a job would run with a setting the operator believes changed.
+func checkEnv(environ []string) error {
+	known := map[string]string{}
+	for key := range flatten(Default()) {
+		known[EnvName(key)] = key
+	}
+	var errs []error
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "EXTRACT_") || known[name] != "" || envNotKeys[name] != "" {
+			continue
+		}
+		best, bestD := "", math.MaxInt
+		for env := range known {
+			if d := editDistance(name, env); d < bestD || d == bestD && env < best {
+				best, bestD = env, d
+			}
+		}
+		if bestD <= max(3, len(name)/4) {
+			errs = append(errs, fmt.Errorf("env %s names no config key; did you mean %s (%s)?", name, best, known[best]))
+		} else {
+			errs = append(errs, fmt.Errorf("env %s names no config key (the keys are in docs/configuration.md; unset it)", name))
+		}
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errors.Join(errs...)
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
+}
+
 // EnvName is the environment variable that overrides key.
 func EnvName(key string) string {
 	return "EXTRACT_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
@@ -246,11 +311,32 @@ func resolve(p, base string, inFile bool) string {
 	return abs
 }
 
+// Upper bounds that no real job reaches but that keep products such as BytesPerToken
+// (4·hidden·2 bytes) and sums of sizes far from int64 overflow.
+const (
+	maxHiddenSize = 1 << 20
+	maxNumLayers  = 4096
+	maxTPSize     = 1024
+	maxInflight   = 1 << 16
+	maxMovers     = 1024
+	maxAttempts   = 1000
+	maxRetries    = 100
+	maxCount      = 1 << 20 // health_failures, max_restarts
+	maxTokens     = 1 << 24 // server.max_new_tokens
+	maxByteSize   = 1 << 60 // 1 EiB
+	minLogMaxSize = 1 << 20 // below this the server log is trimmed away before anyone reads it
+)
+
 // Validate checks values that decoding cannot; each problem names its key.
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
+	intIn := func(key string, v, lo, hi int) {
+		if v < lo || v > hi {
+			bad(key, "must be %d..%d, got %d", lo, hi, v)
+		}
 	}
 	if c.Dataset == "" {
 		bad("dataset", "required (path to a JSONL file; env %s)", EnvName("dataset"))
@@ -261,56 +347,72 @@ func (c *Config) Validate() error {
 	if c.ShmDir == "" {
 		bad("shm_dir", "required")
 	}
+	errs = append(errs, c.checkDirs()...)
 	switch c.Server.Kind {
 	case "sglang":
 		if c.Server.ModelPath == "" {
 			bad("server.model_path", "required when server.kind is sglang")
 		}
-		if c.Server.HiddenSize < 1 {
-			bad("server.hidden_size", "must be ≥ 1, got %d", c.Server.HiddenSize)
-		}
 		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
 			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
 		}
 	case "simulator":
-		if c.Server.Simulator.HiddenSize < 1 {
-			bad("server.simulator.hidden_size", "must be ≥ 1, got %d", c.Server.Simulator.HiddenSize)
-		}
-		if c.Server.Simulator.TokensPerSecond < 0 {
-			bad("server.simulator.tokens_per_second", "must be ≥ 0 (0 = as fast as possible)")
-		}
 	default:
 		bad("server.kind", "must be sglang or simulator, got %q", c.Server.Kind)
+	}
+	// Both widths are checked whichever kind runs: the other one is a switch of
+	// server.kind away from being used.
+	intIn("server.hidden_size", c.Server.HiddenSize, 1, maxHiddenSize)
+	intIn("server.simulator.hidden_size", c.Server.Simulator.HiddenSize, 1, maxHiddenSize)
+	sim := c.Server.Simulator
+	if math.IsNaN(sim.TokensPerSecond) || math.IsInf(sim.TokensPerSecond, 0) || sim.TokensPerSecond < 0 {
+		bad("server.simulator.tokens_per_second", "must be a number ≥ 0 (0 = as fast as possible), got %g", sim.TokensPerSecond)
+	}
+	for key, n := range map[string]int{
+		"server.simulator.exit_after": sim.ExitAfter, "server.simulator.hang_after": sim.HangAfter,
+		"server.simulator.fail_503_every": sim.Fail503Every, "server.simulator.corrupt_every": sim.CorruptEvery,
+	} {
+		if n < 0 {
+			bad(key, "must be ≥ 0 (0 = never), got %d", n)
+		}
+	}
+	if c.Server.Host == "" {
+		bad("server.host", "required (the address the server listens on, e.g. 127.0.0.1)")
 	}
 	if c.Server.Port < 1 || c.Server.Port > 65535 {
 		bad("server.port", "must be 1..65535, got %d", c.Server.Port)
 	}
-	if c.Server.TPSize < 1 {
-		bad("server.tp_size", "must be ≥ 1")
+	intIn("server.tp_size", c.Server.TPSize, 1, maxTPSize)
+	seen := map[int]bool{}
+	for _, g := range c.Server.GPUs {
+		if g < 0 || seen[g] {
+			bad("server.gpus", "must list distinct GPU indices ≥ 0, got %v", c.Server.GPUs)
+			break
+		}
+		seen[g] = true
 	}
+	if f := c.Server.MemFraction; math.IsNaN(f) || f < 0 || f >= 1 {
+		bad("server.mem_fraction", "must be in (0, 1), or 0 for SGLang's default; got %g", f)
+	}
+	intIn("server.num_layers", c.Server.NumLayers, 1, maxNumLayers)
 	if len(c.Server.Layers) != 3 {
 		bad("server.layers", "must list the 3 captured layers (effective layers_to_capture), got %v", c.Server.Layers)
 	}
-	for _, l := range c.Server.Layers {
+	for i, l := range c.Server.Layers {
 		if l < 0 || l > c.Server.NumLayers {
 			bad("server.layers", "layer %d outside 0..%d (server.num_layers)", l, c.Server.NumLayers)
 		}
+		if slices.Contains(c.Server.Layers[:i], l) {
+			bad("server.layers", "layer %d is listed twice in %v", l, c.Server.Layers)
+		}
 	}
-	if c.Run.MaxInflight < 1 {
-		bad("run.max_inflight", "must be ≥ 1")
-	}
-	if c.Run.MaxAttempts < 1 {
-		bad("run.max_attempts", "must be ≥ 1")
-	}
-	if c.Run.Movers < 1 {
-		bad("run.movers", "must be ≥ 1")
-	}
-	if c.Server.HealthFailures < 1 {
-		bad("server.health_failures", "must be ≥ 1")
-	}
-	if c.Server.MaxRestarts < 0 {
-		bad("server.max_restarts", "must be ≥ 0")
-	}
+	intIn("server.max_new_tokens", c.Server.MaxNewTokens, 0, maxTokens)
+	intIn("server.health_failures", c.Server.HealthFailures, 1, maxCount)
+	intIn("server.max_restarts", c.Server.MaxRestarts, 0, maxCount)
+	intIn("run.max_inflight", c.Run.MaxInflight, 1, maxInflight)
+	intIn("run.max_attempts", c.Run.MaxAttempts, 1, maxAttempts)
+	intIn("run.movers", c.Run.Movers, 1, maxMovers)
+	intIn("run.request_retries", c.Run.RequestRetries, 0, maxRetries)
 	for key, d := range map[string]time.Duration{
 		"run.dump_timeout": c.Run.DumpTimeout, "run.request_timeout": c.Run.RequestTimeout,
 		"server.startup_timeout": c.Server.StartupTimeout, "server.health_interval": c.Server.HealthInterval,
@@ -320,9 +422,30 @@ func (c *Config) Validate() error {
 			bad(key, "must be a positive duration (e.g. 5m)")
 		}
 	}
+	for key, d := range map[string]time.Duration{
+		"run.drain_timeout":                c.Run.DrainTimeout,
+		"server.simulator.startup_delay":   sim.StartupDelay,
+		"server.simulator.late_dump_delay": sim.LateDumpDelay,
+	} {
+		if d < 0 {
+			bad(key, "must be a duration ≥ 0, got %s", d)
+		}
+	}
+	for key, b := range map[string]ByteSize{
+		"shm_budget": c.ShmBudget, "disk.reserve": c.Disk.Reserve, "server.log_max_size": c.Server.LogMaxSize,
+	} {
+		if b < 0 || b > maxByteSize {
+			bad(key, "must be 0..%s, got %d bytes", ByteSize(maxByteSize), int64(b))
+		}
+	}
+	if c.Server.LogMaxSize < minLogMaxSize {
+		bad("server.log_max_size", "must be ≥ %s, got %s (smaller trims the server log away before it can be read)", ByteSize(minLogMaxSize), c.Server.LogMaxSize)
+	}
 	if c.Status.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Status.Listen); err != nil {
+		if _, port, err := net.SplitHostPort(c.Status.Listen); err != nil {
 			bad("status.listen", "want host:port: %v", err)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad("status.listen", "port %q must be a number 0..65535 (0 = any free port)", port)
 		}
 	}
 	if c.Disk.WhenShort != "refuse" && c.Disk.WhenShort != "warn" {
@@ -334,6 +457,93 @@ func (c *Config) Validate() error {
 		bad("log.level", "must be debug, info, warn or error")
 	}
 	return errors.Join(errs...)
+}
+
+// checkDirs keeps the job's directories apart. The staging dir is world-writable and
+// extract empties it, so nothing else may live in or above it; outputs and state are
+// each other's only when state_dir sits inside output_dir (the default, .extract).
+func (c *Config) checkDirs() []error {
+	type dir struct{ key, path string }
+	out, state, shm := dir{"output_dir", c.OutputDir}, dir{"state_dir", c.StateDir}, dir{"shm_dir", c.ShmDir}
+	var errs []error
+	refuse := func(a, b dir, rel string) {
+		errs = append(errs, fmt.Errorf("%s %s %s %s %s: keep them apart", a.key, a.path, rel, b.key, b.path))
+	}
+	// Each pair once, so a shared directory is one message, not two.
+	check := func(a, b dir, aInBOK bool) {
+		if a.path == "" || b.path == "" {
+			return
+		}
+		switch {
+		case relation(a.path, b.path) == same:
+			refuse(a, b, "is the same directory as")
+		case relation(a.path, b.path) == inside && !aInBOK:
+			refuse(a, b, "is inside")
+		case relation(b.path, a.path) == inside:
+			refuse(b, a, "is inside")
+		}
+	}
+	check(out, shm, false)
+	check(state, shm, false)
+	check(state, out, true)
+	if c.Dataset != "" && c.ShmDir != "" && relation(c.Dataset, c.ShmDir) == inside {
+		errs = append(errs, fmt.Errorf("dataset %s is inside shm_dir %s, which is world-writable and emptied by extract: keep the dataset elsewhere", c.Dataset, c.ShmDir))
+	}
+	return errs
+}
+
+type pathRelation int
+
+const (
+	apart pathRelation = iota
+	same
+	inside // the first path is below the second
+)
+
+// relation compares a and b as written (cleaned, absolute) and with the symlinks of
+// their existing parts resolved, so a link to the staging dir is still the staging dir.
+func relation(a, b string) pathRelation {
+	r := lexicalRelation(absClean(a), absClean(b))
+	if r != apart {
+		return r
+	}
+	return lexicalRelation(resolveExisting(a), resolveExisting(b))
+}
+
+func lexicalRelation(a, b string) pathRelation {
+	switch {
+	case a == b:
+		return same
+	case strings.HasPrefix(a, strings.TrimSuffix(b, string(filepath.Separator))+string(filepath.Separator)):
+		return inside
+	}
+	return apart
+}
+
+func absClean(p string) string {
+	if abs, err := filepath.Abs(p); err == nil {
+		return abs
+	}
+	return filepath.Clean(p)
+}
+
+// resolveExisting resolves the symlinks of p's longest existing ancestor and appends
+// the rest, which does not exist yet and so cannot be a link.
+func resolveExisting(p string) string {
+	p = absClean(p)
+	var rest []string
+	for cur := p; ; {
+		if r, err := filepath.EvalSymlinks(cur); err == nil {
+			slices.Reverse(rest)
+			return filepath.Join(append([]string{r}, rest...)...)
+		}
+		parent := filepath.Dir(cur)
+		if parent == cur {
+			return p
+		}
+		rest = append(rest, filepath.Base(cur))
+		cur = parent
+	}
 }
 
 // HiddenSize is the width of the dumps this job expects.

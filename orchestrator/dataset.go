@@ -8,12 +8,22 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"os"
+	"syscall"
+	"time"
 )
 
 // ErrBadDataset marks a dataset the user must fix (exit 2).
 var ErrBadDataset = errors.New("bad dataset")
+
+// ErrDatasetChanged is a dataset modified, replaced or removed while a job reads it:
+// outputs made from the new bytes would carry the old fingerprint. It wraps
+// ErrBadDataset, so it is exit 2 too.
+var ErrDatasetChanged = fmt.Errorf("%w: changed during the run", ErrBadDataset)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Dataset is a validated JSONL dataset. It keeps each line's offset, not its content,
 // so memory stays small however long the prompts are; a sample is re-read when sent.
@@ -23,13 +33,31 @@ type Dataset struct {
 	Size        int64
 	lines       []lineRef
 	f           *os.File // kept open for Sample; ReadAt is safe from many goroutines
+	stat        fileID   // the file as indexed; Sample refuses to read any other
 }
 
 type lineRef struct {
 	off    int64
 	len    int32
-	tokens int32 // exact for input_ids; an upper bound (bytes) for text
+	tokens int32  // exact for input_ids; an upper bound (bytes) for text
+	crc    uint32 // crc32c of the line as indexed; fits the struct's padding, so free
 	text   bool
+}
+
+// fileID is what Sample compares to notice a dataset changed under the job: an edit
+// moves size or mtime, a replacement (rename over, delete and recreate) the inode.
+type fileID struct {
+	dev, ino uint64
+	size     int64
+	mtime    int64 // ns since the epoch: comparable with ==, unlike a time.Time
+}
+
+func fileIDOf(fi os.FileInfo) fileID {
+	id := fileID{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		id.dev, id.ino = uint64(st.Dev), st.Ino
+	}
+	return id
 }
 
 // Sample is one dataset line, decoded.
@@ -61,8 +89,21 @@ func OpenDataset(path string) (*Dataset, error) {
 	return d, nil
 }
 
+// statOpen is the open file's identity now.
+func (d *Dataset) statOpen() (fileID, error) {
+	fi, err := d.f.Stat()
+	if err != nil {
+		return fileID{}, err
+	}
+	return fileIDOf(fi), nil
+}
+
 func (d *Dataset) index() error {
 	path, f := d.Path, d.f
+	before, err := d.statOpen()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadDataset, err)
+	}
 	// The fingerprint is hashed on the other core while this one checks the lines: on a
 	// resume of a 500 MB dataset the two together are most of the time to the first request.
 	fp := make(chan hashResult, 1)
@@ -83,7 +124,7 @@ func (d *Dataset) index() error {
 		if len(line) > 0 {
 			n := len(d.lines)
 			trimmed := bytes.TrimRight(line, "\r\n")
-			ref := lineRef{off: off, len: int32(len(trimmed))}
+			ref := lineRef{off: off, len: int32(len(trimmed)), crc: crc32.Checksum(trimmed, castagnoli)}
 			if tokens, ok := scanIDsLine(trimmed); ok {
 				ref.tokens = int32(tokens)
 			} else {
@@ -115,8 +156,18 @@ func (d *Dataset) index() error {
 		return fmt.Errorf("read dataset %s: %w", path, h.err)
 	}
 	if h.size != off {
-		return fmt.Errorf("dataset %s changed while it was read (%d bytes, then %d)", path, off, h.size)
+		return fmt.Errorf("%w: %s changed while it was read (%d bytes, then %d)", ErrDatasetChanged, path, off, h.size)
 	}
+	// A same-length edit while the two passes read would leave line checksums and the
+	// fingerprint describing different bytes; the mtime says whether one happened.
+	after, err := d.statOpen()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadDataset, err)
+	}
+	if after != before {
+		return fmt.Errorf("%w: %s changed while it was read (%s); open it again once nothing writes it", ErrDatasetChanged, path, describeChange(before, after))
+	}
+	d.stat = after
 	if len(d.lines) == 0 {
 		return fmt.Errorf("%w: %s has no samples", ErrBadDataset, path)
 	}
@@ -256,6 +307,13 @@ func decodeLine(line []byte, index int) (Sample, error) {
 	if dec.More() {
 		return Sample{}, errors.New("more than one JSON value on the line")
 	}
+	// encoding/json leaves a null list element as 0, so [1,null,3] would be sent as
+	// [1,0,3]. A second, slower decode finds it, only on lines that say null at all.
+	if bytes.Contains(line, []byte("null")) {
+		if err := findNull(line); err != nil {
+			return Sample{}, err
+		}
+	}
 	s := Sample{Index: index}
 	switch {
 	case raw.InputIDs != nil && raw.Text != nil:
@@ -295,6 +353,28 @@ func decodeLine(line []byte, index int) (Sample, error) {
 	return s, nil
 }
 
+// findNull names the first null element of "input_ids" or "loss_mask".
+func findNull(line []byte) error {
+	var raw struct {
+		InputIDs []*int64 `json:"input_ids"`
+		LossMask []*int64 `json:"loss_mask"`
+	}
+	if err := json.Unmarshal(line, &raw); err != nil {
+		return fmt.Errorf("invalid JSON: %v", err)
+	}
+	for _, l := range []struct {
+		key string
+		v   []*int64
+	}{{"input_ids", raw.InputIDs}, {"loss_mask", raw.LossMask}} {
+		for i, p := range l.v {
+			if p == nil {
+				return fmt.Errorf(`"%s"[%d] is null, want an integer`, l.key, i)
+			}
+		}
+	}
+	return nil
+}
+
 // Len is the number of samples.
 func (d *Dataset) Len() int { return len(d.lines) }
 
@@ -313,18 +393,67 @@ func (d *Dataset) TotalTokens(include func(int) bool) int64 {
 }
 
 // Sample reads sample i back from the file. The file must not change under a running
-// job; if it did, the error says so.
+// job: an edit, a replacement or a removal since OpenDataset, or line bytes that differ
+// from those indexed, is an error wrapping ErrDatasetChanged, never a sample.
 func (d *Dataset) Sample(i int) (Sample, error) {
 	l := d.lines[i]
+	if err := d.checkUnchanged(); err != nil {
+		return Sample{}, d.changed(i, err.Error())
+	}
 	b := make([]byte, l.len)
 	if _, err := d.f.ReadAt(b, l.off); err != nil {
+		if errors.Is(err, io.EOF) {
+			return Sample{}, d.changed(i, fmt.Sprintf("line %d is cut short", i+1))
+		}
 		return Sample{}, fmt.Errorf("read dataset %s sample %d: %w", d.Path, i, err)
+	}
+	// The stat above cannot see an edit that kept size and mtime (or came after it);
+	// the checksum covers the very bytes decoded.
+	if crc32.Checksum(b, castagnoli) != l.crc {
+		return Sample{}, d.changed(i, fmt.Sprintf("line %d bytes differ from when the run opened it", i+1))
 	}
 	s, err := decodeLine(b, i)
 	if err != nil {
-		return Sample{}, fmt.Errorf("dataset %s changed under the job at sample %d: %v", d.Path, i, err)
+		return Sample{}, d.changed(i, fmt.Sprintf("line %d: %v", i+1, err))
 	}
 	return s, nil
+}
+
+// checkUnchanged compares the open file and the file now at Path with the one indexed.
+func (d *Dataset) checkUnchanged() error {
+	now, err := d.statOpen()
+	if err != nil {
+		return fmt.Errorf("stat: %v", err)
+	}
+	if now != d.stat {
+		return fmt.Errorf("modified during the run: %s", describeChange(d.stat, now))
+	}
+	fi, err := os.Stat(d.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return errors.New("removed during the run")
+	}
+	if err != nil {
+		return fmt.Errorf("stat: %v", err)
+	}
+	if at := fileIDOf(fi); at.dev != d.stat.dev || at.ino != d.stat.ino {
+		return fmt.Errorf("replaced during the run (inode %d, now %d)", d.stat.ino, at.ino)
+	}
+	return nil
+}
+
+func (d *Dataset) changed(i int, what string) error {
+	return fmt.Errorf("%w: dataset %s, read for sample %d (line %d): %s; restore the file as it was when the run started, or start over with --fresh", ErrDatasetChanged, d.Path, i, i+1, what)
+}
+
+func describeChange(was, now fileID) string {
+	switch {
+	case was.dev != now.dev || was.ino != now.ino:
+		return fmt.Sprintf("inode %d, now %d", was.ino, now.ino)
+	case was.size != now.size:
+		return fmt.Sprintf("size %d bytes, now %d", was.size, now.size)
+	default:
+		return fmt.Sprintf("mtime %s, now %s", time.Unix(0, was.mtime).UTC().Format(time.RFC3339Nano), time.Unix(0, now.mtime).UTC().Format(time.RFC3339Nano))
+	}
 }
 
 // Close closes the dataset file.

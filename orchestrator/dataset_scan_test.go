@@ -1,6 +1,10 @@
 package orchestrator
 
 import (
+	"bytes"
+	"encoding/json"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -63,6 +67,48 @@ func FuzzScanIDsLineAgreesWithDecodeLine(f *testing.F) {
 		s, err := decodeLine(line, 0)
 		if err != nil || len(s.InputIDs) != n || s.Text != "" {
 			t.Fatalf("fast path took %q (%d tokens) but decodeLine says %d ids, %v", line, n, len(s.InputIDs), err)
+		}
+	})
+}
+
+// FuzzDecodeLineKeepsEveryIDAsWritten pins what the null fix is for: every id decodeLine
+// returns is the number the line says at that place, never a 0 made from a null.
+func FuzzDecodeLineKeepsEveryIDAsWritten(f *testing.F) {
+	for _, s := range []string{`{"input_ids":[1,2,3]}`, `{"input_ids":[1,null,3]}`, `{"input_ids":[0],"loss_mask":[null]}`, `{"id":null,"input_ids":[4]}`, `{"Input_IDs":[null],"input_ids":[1]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		s, err := decodeLine(line, 0)
+		if err != nil || s.InputIDs == nil {
+			return
+		}
+		var m map[string]any
+		dec := json.NewDecoder(bytes.NewReader(line))
+		dec.UseNumber()
+		if dec.Decode(&m) != nil {
+			return
+		}
+		for _, key := range []string{"input_ids", "loss_mask"} {
+			var variants []any
+			for k, v := range m {
+				if strings.EqualFold(k, key) {
+					variants = append(variants, v)
+				}
+			}
+			if len(variants) != 1 {
+				continue // case-folded or duplicate keys: which one encoding/json took is its business
+			}
+			list, _ := variants[0].([]any)
+			want := s.InputIDs
+			if key == "loss_mask" {
+				want = s.LossMask
+			}
+			for i, v := range list {
+				n, ok := v.(json.Number)
+				if !ok || i >= len(want) || n.String() != strconv.FormatInt(want[i], 10) {
+					t.Fatalf("%q: %s[%d] is %v in the line but %v decoded", line, key, i, v, want)
+				}
+			}
 		}
 	})
 }

@@ -31,6 +31,9 @@ func TestDatasetErrorsNameTheLineAndSay(t *testing.T) {
 		{"mask value", `{"input_ids": [1, 2], "loss_mask": [1, 2]}`, `"loss_mask"[1] = 2`},
 		{"mask with text", `{"text": "hi", "loss_mask": [1, 1]}`, `"loss_mask" needs "input_ids"`},
 		{"ids not ints", `{"input_ids": ["a"]}`, "invalid JSON"},
+		{"null id", `{"input_ids": [1, null, 3]}`, `"input_ids"[1] is null`},
+		{"null mask value", `{"input_ids": [1, 2], "loss_mask": [1, null]}`, `"loss_mask"[1] is null`},
+		{"null id beside other keys", `{"id": "x", "input_ids": [null]}`, `"input_ids"[0] is null`},
 		{"blank line", ``, "empty line"},
 		{"two values", `{"input_ids": [1]} {"input_ids": [2]}`, "more than one"},
 	}

@@ -16,7 +16,8 @@ import (
 
 // ClientOptions tunes a Client; zero values take the defaults.
 type ClientOptions struct {
-	// RetryMax is how many times a 5xx or transport failure is retried (default 4).
+	// RetryMax is how many times a 5xx or transport failure is retried; 0 is none, as
+	// run.request_retries: 0 says (the config, not this, supplies the default of 4).
 	RetryMax int
 	// AttemptTimeout bounds one attempt (default 10m: a long prompt's prefill on a busy
 	// server); the caller's context bounds the whole call.
@@ -46,9 +47,6 @@ func (e *StatusError) Error() string {
 
 // NewClient returns a client for baseURL (http://host:port).
 func NewClient(baseURL string, opt ClientOptions) *Client {
-	if opt.RetryMax == 0 {
-		opt.RetryMax = 4
-	}
 	if opt.AttemptTimeout == 0 {
 		opt.AttemptTimeout = 10 * time.Minute
 	}

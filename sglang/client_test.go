@@ -85,6 +85,19 @@ func TestGenerateRetriesServerErrorsAndStopsAtClientErrors(t *testing.T) {
 	}
 }
 
+func TestZeroRetryMaxSendsOneRequest(t *testing.T) {
+	// run.request_retries: 0 arrives here as RetryMax 0; the config supplies the default.
+	srv, calls := fakeSGLang(t, 503)
+	opt := fastRetries(t)
+	opt.RetryMax = 0
+	if _, err := NewClient(srv.URL, opt).Generate(context.Background(), GenerateRequest{RID: "s000000001-a1", InputIDs: []int64{1}}); err == nil {
+		t.Fatal("a 503 with no retries succeeded")
+	}
+	if got := calls.Load(); got != 1 {
+		t.Errorf("%d requests, want 1", got)
+	}
+}
+
 func TestGenerateIsBoundedByItsContext(t *testing.T) {
 	hang := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// The server notices a client leaving only once the body is read.
@@ -99,7 +112,7 @@ func TestGenerateIsBoundedByItsContext(t *testing.T) {
 		opt  ClientOptions
 	}{
 		{"an attempt that never answers", hang.URL, ClientOptions{}},
-		{"a long backoff between retries", busy.URL, ClientOptions{RetryWaitMin: 10 * time.Second, RetryWaitMax: 10 * time.Second}},
+		{"a long backoff between retries", busy.URL, ClientOptions{RetryMax: 2, RetryWaitMin: 10 * time.Second, RetryWaitMax: 10 * time.Second}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
