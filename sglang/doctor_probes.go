@@ -226,7 +226,10 @@ func ProbePython(ctx context.Context, python string, env []string) (version stri
 	// Not our working dir: Python puts it first on sys.path, and a folder there named
 	// sglang (as in extract's own source tree) would pass for the package.
 	cmd.Env, cmd.Dir = env, "/"
-	// A child of the interpreter that keeps stdout open must not hold us past ctx.
+	// The probe's whole group goes when ctx ends, and a child that kept stdout open
+	// cannot hold us past it either.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = time.Second
 	out, err := cmd.Output()
 	if err != nil {
