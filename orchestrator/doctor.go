@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
 	"github.com/extract-dev/extract/checkpoint"
@@ -77,8 +76,9 @@ func (r DoctorReport) Err() error {
 
 // DoctorOptions are Doctor's inputs besides the config.
 type DoctorOptions struct {
-	// NVML is the GPU library; nil means the system's (nvml.New()). Tests pass a mock.
-	NVML nvml.Interface
+	// GPUs reads the GPUs; nil means the system's NVML. Tests pass an inspector over
+	// go-nvml's mock of an H200 node.
+	GPUs *sglang.GPUInspector
 	// Dataset, when set, is the job's dataset already opened (run's preflight); nil:
 	// Doctor opens cfg.Dataset itself.
 	Dataset *Dataset
@@ -113,6 +113,9 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	defer d.close()
 	if opt.Log == nil {
 		d.opt.Log = slog.New(slog.DiscardHandler)
+	}
+	if opt.GPUs == nil {
+		d.opt.GPUs = sglang.NewGPUInspector(nil)
 	}
 	dataset := d.loadDataset()
 	// Read first, and closed at once: a run started while the probes below take their
@@ -401,7 +404,7 @@ func (d *doctor) checkGPUs(context.Context) []Check {
 		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	wanted := d.cfg.GPUIndices()
-	rep := sglang.NewGPUInspector(d.opt.NVML).Inspect(wanted)
+	rep := d.opt.GPUs.Inspect(wanted)
 	if !rep.Available {
 		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
 			"%s; server.kind sglang needs GPUs %s", rep.Reason, joinGPUIndices(wanted))}

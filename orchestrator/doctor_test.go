@@ -165,7 +165,7 @@ func TestDoctorFailsNamingTheForeignProcessOnGPU3AndHowToStopIt(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
 
 	if rep.OK {
 		t.Fatalf("report OK with a foreign process on GPU 3:\n%s", reportJSON(rep))
@@ -201,7 +201,7 @@ func TestDoctorAcceptsOurOwnServerOnTheGPUs(t *testing.T) {
 		holders[i] = []nvml.ProcessInfo{{Pid: uint32(pid), UsedGpuMemory: 120 * gpuGiB}}
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(holders)})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(holders))})
 
 	if !rep.OK {
 		t.Fatalf("our own server on the GPUs fails the report:\n%s", reportJSON(rep))
@@ -452,7 +452,7 @@ func TestDoctorOnACompleteJobNeedsNoFreeGPU(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
 
 	if !rep.OK {
 		t.Fatalf("a complete job fails the report:\n%s", reportJSON(rep))
@@ -479,7 +479,7 @@ func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
 			} else {
 				mustWriteFile(t, path, tc.config)
 			}
-			rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(nil)})
+			rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 			wantCheck(t, rep, "model", tc.status, tc.reason)
 		})
 	}
@@ -514,7 +514,7 @@ func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := Doctor(context.Background(), cfg, DoctorOptions{NVML: h200Node(nil)})
+		rep, err := Doctor(context.Background(), cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 		done <- result{rep, err}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
