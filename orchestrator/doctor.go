@@ -2,11 +2,9 @@ package orchestrator
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
 
 	"github.com/extract-dev/extract/checkpoint"
@@ -79,8 +76,9 @@ func (r DoctorReport) Err() error {
 
 // DoctorOptions are Doctor's inputs besides the config.
 type DoctorOptions struct {
-	// NVML is the GPU library; nil means the system's (nvml.New()). Tests pass a mock.
-	NVML nvml.Interface
+	// GPUs reads the GPUs; nil means the system's NVML. Tests pass an inspector over
+	// go-nvml's mock of an H200 node.
+	GPUs *sglang.GPUInspector
 	// Dataset, when set, is the job's dataset already opened (run's preflight); nil:
 	// Doctor opens cfg.Dataset itself.
 	Dataset *Dataset
@@ -89,6 +87,10 @@ type DoctorOptions struct {
 	Index *checkpoint.Index
 	// Log receives each check that is not ok; nil logs nothing.
 	Log *slog.Logger
+	// ConfigFile and Executable, when set, are the config file and the extract binary a
+	// resume would use: Doctor warns when either lives where a reboot wipes it.
+	ConfigFile string
+	Executable string
 }
 
 // Doctor limits. The stat check of the index samples this many done records, spread
@@ -98,25 +100,27 @@ const (
 	doctorStatSample    = 200
 	doctorPythonTimeout = 30 * time.Second
 	doctorIndexTimeout  = time.Second
-	// idleGPUMemory is what a GPU may show used with no process listed (driver
-	// reservations) before Doctor suspects a process it cannot see.
-	idleGPUMemory = 1 << 30
-	maxCmdline    = 200
 )
 
 // Doctor checks whether a run of cfg could start on this machine: GPUs and who holds
 // them, the server port, model, dump hook and Python, the output and state dirs, free
 // space against what the remaining samples need, the staging dir and its leftovers, and
-// the index. It never opens the index while a run holds the lock, never signals or
-// changes anything, and returns an error only when ctx ends.
+// the index. It never opens the index while a run holds the lock, and closes the index
+// it opens before its slow checks; it never signals or changes anything, and returns an
+// error only when ctx ends.
 func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (DoctorReport, error) {
-	d := &doctor{cfg: cfg, opt: opt, ctx: ctx}
+	d := &doctor{cfg: cfg, opt: opt}
 	defer d.close()
 	if opt.Log == nil {
 		d.opt.Log = slog.New(slog.DiscardHandler)
 	}
+	if opt.GPUs == nil {
+		d.opt.GPUs = sglang.NewGPUInspector(nil)
+	}
 	dataset := d.loadDataset()
-	index := d.loadIndex()
+	// Read first, and closed at once: a run started while the probes below take their
+	// time must not find the index locked (issue 8, item 10).
+	d.loadIndex()
 	var err error
 	d.server, err = sglang.LoadServerIdentity(cfg.StateDir, d.opt.Log)
 	if err != nil {
@@ -126,30 +130,34 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	var rep DoctorReport
 	steps := []struct {
 		server bool // needed only to run the server: moot once the job is complete
-		run    func() []Check
+		run    func(context.Context) []Check
 	}{
 		{true, d.checkGPUs},
 		{true, d.checkPort},
 		{true, d.checkModel},
 		{true, d.checkHook},
 		{true, d.checkPython},
-		{false, func() []Check { return []Check{dataset} }},
+		{false, func(context.Context) []Check { return []Check{dataset} }},
 		{false, d.checkDirs},
+		{false, d.checkFiles},
 		{false, d.checkDisk},
 		{true, d.checkStaging},
-		{false, func() []Check { return index }},
+		{false, d.checkIndex},
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
 			return rep, err
 		}
-		for _, c := range s.run() {
+		for _, c := range s.run(ctx) {
 			if s.server && d.complete && c.Status == CheckFail {
 				c.Status = CheckWarn
 				c.Reason += " (no server is needed: the job is complete)"
 			}
 			rep.Checks = append(rep.Checks, c)
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return rep, err
 	}
 	rep.OK = len(rep.Failed()) == 0
 	rep.RunningPID = d.running
@@ -167,24 +175,23 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 type doctor struct {
 	cfg *configs.Config
 	opt DoctorOptions
-	ctx context.Context
 
-	ds       *Dataset
-	ownDS    bool
-	ix       *checkpoint.Index
-	ownIX    bool
-	prog     *checkpoint.Progress // nil when the index was not read
-	running  int                  // pid of the run holding the lock, 0 for none
-	complete bool
-	server   *sglang.ServerIdentity
+	ds    *Dataset
+	ownDS bool
+	// index is what was read from the index; indexVerdict, when set, is the index
+	// check's outcome decided without reading it (a run holds it, there is none, it
+	// cannot be opened).
+	index        indexView
+	indexVerdict []Check
+	prog         *checkpoint.Progress // nil when the index was not read or is another dataset's
+	running      int                  // pid of the run holding the lock, 0 for none
+	complete     bool
+	server       *sglang.ServerIdentity
 }
 
 func (d *doctor) close() {
 	if d.ownDS && d.ds != nil {
 		d.ds.Close()
-	}
-	if d.ownIX && d.ix != nil {
-		d.ix.Close()
 	}
 }
 
@@ -221,86 +228,145 @@ func (d *doctor) loadDataset() Check {
 	return okCheck("dataset", "%d samples, %d tokens, sha256 %.12s… (%s)", d.ds.Len(), d.ds.TotalTokens(nil), d.ds.Fingerprint, d.ds.Path)
 }
 
-// loadIndex opens the index read-only (unless the caller holds it) and reads every
-// sample's state; the checks it returns are shown last.
-func (d *doctor) loadIndex() []Check {
+// indexView is what Doctor needs from the index, read in one go so that the index can be
+// closed before anything slow runs.
+type indexView struct {
+	path     string
+	meta     checkpoint.Meta
+	haveMeta bool
+	counters checkpoint.Counters
+	prog     *checkpoint.Progress
+	done     int // samples done by the records
+	// sampled are the records of up to doctorStatSample done samples, spread evenly over
+	// them, whose files the index check stats.
+	sampled []checkpoint.Record
+}
+
+// readIndexView reads ix into an indexView; the error names what could not be read.
+func readIndexView(ix *checkpoint.Index) (indexView, error) {
+	v := indexView{path: ix.Path()}
+	var err error
+	v.meta, v.haveMeta, err = ix.Meta()
+	if err != nil || !v.haveMeta {
+		return v, err
+	}
+	if v.counters, err = ix.Counters(); err != nil {
+		return v, err
+	}
+	if v.prog, err = ix.Load(v.meta.Total); err != nil {
+		return v, fmt.Errorf("read the records: %w", err)
+	}
+	var done []int
+	for s, st := range v.prog.State {
+		if st == checkpoint.StateDone {
+			done = append(done, s)
+		}
+	}
+	v.done = len(done)
+	n := min(len(done), doctorStatSample)
+	for k := range n {
+		s := done[k*len(done)/n]
+		r, found, err := ix.Get(s)
+		if err != nil {
+			return v, fmt.Errorf("read record of sample %d: %w", s, err)
+		}
+		if found {
+			v.sampled = append(v.sampled, r)
+		}
+	}
+	return v, nil
+}
+
+// loadIndex reads the index (the caller's, or opened read-only and closed before it
+// returns) into d.index, or sets d.indexVerdict when it cannot or must not be read.
+func (d *doctor) loadIndex() {
 	const name = "index"
+	verdict := func(c Check) { d.indexVerdict = []Check{c} }
 	path := filepath.Join(d.cfg.StateDir, "index.db")
-	d.ix = d.opt.Index
-	if d.ix == nil {
+	ix := d.opt.Index
+	if ix == nil {
 		if pid, held := LockHolder(d.cfg.StateDir); held {
 			d.running = pid
-			return []Check{warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
-				"a run is in progress (pid %d); the index is not opened while it runs", pid)}
+			verdict(warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
+				"a run is in progress (pid %d); the index is not opened while it runs", pid))
+			return
 		}
 		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			return []Check{okCheck(name, "none yet at %s; the first run creates it", path)}
+			verdict(okCheck(name, "none yet at %s; the first run creates it", path))
+			return
 		}
-		ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: doctorIndexTimeout})
+		var err error
+		ix, err = checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: doctorIndexTimeout})
 		if errors.Is(err, checkpoint.ErrLocked) {
 			if pid, held := LockHolder(d.cfg.StateDir); held {
 				d.running = pid
-				return []Check{warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid)}
+				verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid))
+				return
 			}
-			return []Check{warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err)}
+			verdict(warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err))
+			return
 		}
 		if err != nil {
 			fix := "keep a copy of the file; the output files are self-describing, and `extract verify --repair` rebuilds the index from them"
 			if strings.Contains(err.Error(), "schema_version") {
 				fix = "use the extract release that wrote this index"
 			}
-			return []Check{failCheck(name, fix, "%v", err)}
+			verdict(failCheck(name, fix, "%v", err))
+			return
 		}
-		d.ix, d.ownIX = ix, true
+		defer ix.Close()
 	}
-	meta, haveMeta, err := d.ix.Meta()
+	v, err := readIndexView(ix)
 	if err != nil {
-		return []Check{failCheck(name, "", "read %s: %v", path, err)}
+		verdict(failCheck(name, "`extract verify --repair` checks every record against the files", "read %s: %v", path, err))
+		return
 	}
-	if !haveMeta {
-		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", path)}
+	d.index = v
+	if !v.haveMeta {
+		return
 	}
-	c, err := d.ix.Counters()
-	if err != nil {
-		return []Check{failCheck(name, "", "read %s: %v", path, err)}
+	progress := v.counters.Done+v.counters.Failed > 0
+	// The progress describes this dataset only if the index was made for it.
+	if d.ds != nil && (v.meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && v.meta.Total == d.ds.Len() {
+		d.prog = v.prog
+		d.complete = v.counters.Done == v.meta.Total
 	}
-	progress := c.Done+c.Failed > 0
+}
+
+// checkIndex says whether a resume would accept the index, and stats a sample of the
+// done samples' files; it is shown last.
+func (d *doctor) checkIndex(ctx context.Context) []Check {
+	const name = "index"
+	if d.indexVerdict != nil {
+		return d.indexVerdict
+	}
+	v := d.index
+	if !v.haveMeta {
+		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", v.path)}
+	}
+	meta, c := v.meta, v.counters
 	var checks []Check
-	if d.ds != nil && progress {
+	if d.ds != nil && c.Done+c.Failed > 0 {
 		if meta.DatasetFingerprint != d.ds.Fingerprint {
 			return []Check{failCheck(name, "point dataset back at the job's file, or start over with `extract run --fresh`",
 				"the job in %s was started on another dataset (%s, %d samples, sha256 %.12s…; now %s, %d samples, sha256 %.12s…): `extract run --resume` would refuse",
-				path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
+				v.path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
 		}
 		if meta.ConfigFingerprint != d.cfg.Fingerprint() {
 			checks = append(checks, failCheck(name, "restore server.model_path, hidden size and layers, or start over with `extract run --fresh`",
 				"the model, hidden size or captured layers differ from the ones the job in %s was started with (config fingerprint %s, now %s): `extract run --resume` would refuse",
-				path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
-		}
-	}
-	prog, err := d.ix.Load(meta.Total)
-	if err != nil {
-		return append(checks, failCheck(name, "`extract verify --repair` checks every record against the files", "read the records of %s: %v", path, err))
-	}
-	// The progress describes this dataset only if the index was made for it.
-	if d.ds != nil && (meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && meta.Total == d.ds.Len() {
-		d.prog = prog
-		d.complete = c.Done == meta.Total
-	}
-	var done []int
-	for s, st := range prog.State {
-		if st == checkpoint.StateDone {
-			done = append(done, s)
+				v.path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
 		}
 	}
 	summary := fmt.Sprintf("schema v%d, %d of %d samples done, %d failed, %s written", checkpoint.SchemaVersion, c.Done, meta.Total, c.Failed, fmtSize(c.BytesWritten))
-	if len(done) == 0 {
+	if v.done == 0 {
 		return append(checks, okCheck(name, "%s", summary))
 	}
-	problems, checked, err := d.statDone(done)
+	problems, err := d.statDone(ctx, v.sampled)
 	if err != nil {
 		return append(checks, failCheck(name, "", "%s; %v", summary, err))
 	}
+	checked := len(v.sampled)
 	if len(problems) > 0 {
 		shown := problems
 		if len(shown) > 3 {
@@ -309,43 +375,36 @@ func (d *doctor) loadIndex() []Check {
 		return append(checks, failCheck(name, "run `extract verify --repair` with this config: it checks every file and returns the bad samples to pending",
 			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(problems), checked, d.cfg.OutputDir, strings.Join(shown, "; ")))
 	}
-	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, checked, len(done)))
+	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, checked, v.done))
 }
 
-// statDone checks that the output files of up to doctorStatSample done samples, spread
-// evenly over them, exist with the size the index recorded.
-func (d *doctor) statDone(done []int) (problems []string, checked int, err error) {
-	n := min(len(done), doctorStatSample)
-	for k := range n {
-		s := done[k*len(done)/n]
-		r, found, err := d.ix.Get(s)
-		if err != nil {
-			return problems, checked, fmt.Errorf("read record of sample %d: %w", s, err)
+// statDone checks that the output files of the sampled done records exist with the
+// size the index recorded. Each stat may be slow on a network filesystem, so ctx can end it.
+func (d *doctor) statDone(ctx context.Context, sampled []checkpoint.Record) (problems []string, err error) {
+	for _, r := range sampled {
+		if err := ctx.Err(); err != nil {
+			return problems, err
 		}
-		if !found {
-			continue
-		}
-		checked++
-		path := checkpoint.OutputPath(d.cfg.OutputDir, s)
+		path := checkpoint.OutputPath(d.cfg.OutputDir, r.Sample)
 		st, err := os.Stat(path)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			problems = append(problems, fmt.Sprintf("sample %d: %s missing", s, path))
+			problems = append(problems, fmt.Sprintf("sample %d: %s missing", r.Sample, path))
 		case err != nil:
-			problems = append(problems, fmt.Sprintf("sample %d: %v", s, err))
+			problems = append(problems, fmt.Sprintf("sample %d: %v", r.Sample, err))
 		case st.Size() != r.Bytes:
-			problems = append(problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", s, path, st.Size(), r.Bytes))
+			problems = append(problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", r.Sample, path, st.Size(), r.Bytes))
 		}
 	}
-	return problems, checked, nil
+	return problems, nil
 }
 
-func (d *doctor) checkGPUs() []Check {
+func (d *doctor) checkGPUs(context.Context) []Check {
 	if !d.kindSGLang() {
 		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	wanted := d.cfg.GPUIndices()
-	rep := sglang.NewGPUInspector(d.opt.NVML).Inspect(wanted)
+	rep := d.opt.GPUs.Inspect(wanted)
 	if !rep.Available {
 		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
 			"%s; server.kind sglang needs GPUs %s", rep.Reason, joinGPUIndices(wanted))}
@@ -386,8 +445,8 @@ func (d *doctor) checkGPU(g sglang.GPU) Check {
 			ours = append(ours, strconv.Itoa(p.PID))
 			continue
 		}
-		foreign = append(foreign, describeGPUProcess(p))
-		if f := stopFix(p); !slices.Contains(fixes, f) {
+		foreign = append(foreign, p.Describe())
+		if f := p.StopHint(); !slices.Contains(fixes, f) {
 			fixes = append(fixes, f)
 		}
 	}
@@ -398,115 +457,46 @@ func (d *doctor) checkGPU(g sglang.GPU) Check {
 		return warnCheck(name, "run `nvidia-smi` to see who holds the GPU", "%s; %v", head, g.Err)
 	case len(ours) > 0:
 		return okCheck(name, "%s; held by our server (pid %s), which the run adopts or replaces", head, strings.Join(ours, ", "))
-	case g.MemoryUsed > idleGPUMemory:
+	case g.HiddenHolder():
 		return warnCheck(name, "run `nvidia-smi` on the host: a process in another container or VM may hold the memory",
 			"%s, but NVML lists no process on it", head)
 	}
 	return okCheck(name, "%s; no processes", head)
 }
 
-func describeGPUProcess(p sglang.GPUProcess) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "pid %d", p.PID)
-	if p.Cmdline != nil {
-		cmd := strings.Join(p.Cmdline, " ")
-		if len(cmd) > maxCmdline {
-			cmd = cmd[:maxCmdline] + "…"
-		}
-		fmt.Fprintf(&b, " (%s)", cmd)
-	} else {
-		b.WriteString(" (not visible in /proc here)")
-	}
-	var attrs []string
-	if p.MemoryKnown {
-		attrs = append(attrs, fmtSize(int64(p.UsedMemory)))
-	}
-	if p.Unit != "" {
-		kind := "systemd unit"
-		if p.UserUnit {
-			kind = "systemd user unit"
-		}
-		attrs = append(attrs, kind+" "+p.Unit)
-	}
-	if p.DeviceUnconfirmed {
-		attrs = append(attrs, "holds no /dev/nvidia* file here, so NVML's pid may be another PID namespace's")
-	}
-	if len(attrs) > 0 {
-		fmt.Fprintf(&b, " [%s]", strings.Join(attrs, ", "))
-	}
-	return b.String()
-}
-
-// stopFix says how to stop a foreign GPU process for good: a systemd service would
-// come back on the next boot (as vLLM did after the incident) unless it is disabled.
-func stopFix(p sglang.GPUProcess) string {
-	switch {
-	case p.Cmdline == nil:
-		return fmt.Sprintf("pid %d is not visible here (NVML reports host pids inside a container): find and stop it with `nvidia-smi` on the host", p.PID)
-	case p.Unit != "" && p.UserUnit:
-		return fmt.Sprintf("as the user that owns pid %d: systemctl --user disable --now %s", p.PID, p.Unit)
-	case p.Unit != "":
-		return fmt.Sprintf("sudo systemctl disable --now %s (stops it and keeps it from starting at boot)", p.Unit)
-	case p.DeviceUnconfirmed:
-		return fmt.Sprintf("first make sure pid %d is the GPU process (`nvidia-smi` on the host), then: kill %d", p.PID, p.PID)
-	}
-	return fmt.Sprintf("kill %d (kill -9 %d if it does not exit)", p.PID, p.PID)
-}
-
-func (d *doctor) checkPort() []Check {
+func (d *doctor) checkPort(context.Context) []Check {
 	s := d.cfg.Server
-	addr := net.JoinHostPort(s.Host, strconv.Itoa(s.Port))
-	ln, err := net.Listen("tcp", addr)
-	if err == nil {
-		ln.Close()
-		return []Check{okCheck("port", "%s is free", addr)}
+	use, err := sglang.ProbePort(s.Host, s.Port)
+	switch {
+	case err != nil:
+		return []Check{failCheck("port", "set server.host to an address of this machine", "cannot listen on %s: %v", use.Addr, err)}
+	case !use.InUse:
+		return []Check{okCheck("port", "%s is free", use.Addr)}
+	case d.server != nil && d.server.Leader && d.server.Port == s.Port:
+		return []Check{okCheck("port", "%s is held by our server (pid %d), which the run adopts or replaces", use.Addr, d.server.PID)}
 	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		return []Check{failCheck("port", "set server.host to an address of this machine", "cannot listen on %s: %v", addr, err)}
-	}
-	if d.server != nil && d.server.Leader && d.server.Port == s.Port {
-		return []Check{okCheck("port", "%s is held by our server (pid %d), which the run adopts or replaces", addr, d.server.PID)}
-	}
-	who := sglang.PortHolder(s.Port)
+	who := use.Holder
 	if who == "" {
 		who = "a process that /proc does not name"
 	}
-	return []Check{failCheck("port", "stop it, or set server.port to a free port", "%s is taken by %s, which extract did not start", addr, who)}
+	return []Check{failCheck("port", "stop it, or set server.port to a free port", "%s is taken by %s, which extract did not start", use.Addr, who)}
 }
 
-// checkModel reads the model's config.json and compares its shape with the config: a
-// mismatch would make every dump the wrong width, and every one of them rejected.
-func (d *doctor) checkModel() []Check {
+// checkModel compares the model's shape with the config: a mismatch would make every
+// dump the wrong width, and every one of them rejected.
+func (d *doctor) checkModel(context.Context) []Check {
 	const name = "model"
 	if !d.kindSGLang() {
 		return []Check{okCheck(name, "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	dir := d.cfg.Server.ModelPath
 	fixPath := "set server.model_path to the model's local folder (config.json and weights)"
-	st, err := os.Stat(dir)
-	if err != nil {
+	shape, err := sglang.ReadModelShape(dir)
+	switch {
+	case errors.Is(err, sglang.ErrModelConfig):
+		return []Check{failCheck(name, "repair or replace "+shape.ConfigPath, "%v", err)}
+	case err != nil:
 		return []Check{failCheck(name, fixPath, "server.model_path: %v", err)}
-	}
-	if !st.IsDir() {
-		return []Check{failCheck(name, fixPath, "server.model_path %s is not a folder", dir)}
-	}
-	cfgPath := filepath.Join(dir, "config.json")
-	b, err := os.ReadFile(cfgPath)
-	if err != nil {
-		return []Check{failCheck(name, fixPath, "%v", err)}
-	}
-	var hf struct {
-		Architectures []string `json:"architectures"`
-		modelShape
-		TextConfig *modelShape `json:"text_config"`
-	}
-	if err := json.Unmarshal(b, &hf); err != nil {
-		return []Check{failCheck(name, "repair or replace "+cfgPath, "%s is not valid JSON: %v", cfgPath, err)}
-	}
-	shape := hf.modelShape
-	if shape.HiddenSize == 0 && hf.TextConfig != nil {
-		// Multimodal models (Kimi-K2.5) keep the language model's shape under text_config.
-		shape = *hf.TextConfig
 	}
 	var wrong []string
 	if shape.HiddenSize != 0 && shape.HiddenSize != d.cfg.Server.HiddenSize {
@@ -515,30 +505,27 @@ func (d *doctor) checkModel() []Check {
 	if shape.NumLayers != 0 && shape.NumLayers != d.cfg.Server.NumLayers {
 		wrong = append(wrong, fmt.Sprintf("num_hidden_layers %d (server.num_layers is %d)", shape.NumLayers, d.cfg.Server.NumLayers))
 	}
+	where := shape.ConfigPath
+	if shape.Nested != "" {
+		where += " (" + shape.Nested + ")"
+	}
 	if len(wrong) > 0 {
 		return []Check{failCheck(name, "set server.hidden_size, server.num_layers and server.layers for this model, or point server.model_path at the intended one",
-			"%s says %s", cfgPath, strings.Join(wrong, ", "))}
+			"%s says %s", where, strings.Join(wrong, ", "))}
 	}
-	arch := strings.Join(hf.Architectures, ",")
+	arch := strings.Join(shape.Architectures, ",")
 	if arch == "" {
 		arch = "no architectures listed"
 	}
-	weights, _ := filepath.Glob(filepath.Join(dir, "*.safetensors"))
-	bins, _ := filepath.Glob(filepath.Join(dir, "*.bin"))
-	if len(weights)+len(bins) == 0 {
+	if shape.WeightFiles == 0 {
 		return []Check{warnCheck(name, "download the weights into "+dir, "%s (%s, hidden %d, %d layers) has config.json but no *.safetensors or *.bin weights",
 			dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers)}
 	}
-	return []Check{okCheck(name, "%s (%s, hidden %d, %d layers, %d weight file(s))", dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers, len(weights)+len(bins))}
-}
-
-type modelShape struct {
-	HiddenSize int `json:"hidden_size"`
-	NumLayers  int `json:"num_hidden_layers"`
+	return []Check{okCheck(name, "%s (%s, hidden %d, %d layers, %d weight file(s))", dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers, shape.WeightFiles)}
 }
 
 // checkHook reports the hook this binary ships and the ones armed in live servers.
-func (d *doctor) checkHook() []Check {
+func (d *doctor) checkHook(context.Context) []Check {
 	const name = "hook"
 	if !d.kindSGLang() {
 		return []Check{okCheck(name, "none needed (the simulator writes dumps itself)")}
@@ -555,21 +542,8 @@ func (d *doctor) checkHook() []Check {
 	return []Check{okCheck(name, "%s", reason)}
 }
 
-// pythonProbe prints the installed SGLang's version without importing it (an import
-// takes seconds and may touch the GPUs), or "missing".
-const pythonProbe = `import importlib.util, importlib.metadata
-spec = importlib.util.find_spec("sglang")
-if spec is None or spec.origin is None:  # None, or a bare folder named sglang (namespace package)
-    print("missing")
-else:
-    try:
-        print(importlib.metadata.version("sglang"))
-    except importlib.metadata.PackageNotFoundError:
-        print("unknown version")
-`
-
 // checkPython looks for server.python and SGLang in it, as the server will run.
-func (d *doctor) checkPython() []Check {
+func (d *doctor) checkPython(ctx context.Context) []Check {
 	const name = "sglang"
 	if !d.kindSGLang() {
 		return nil
@@ -580,38 +554,55 @@ func (d *doctor) checkPython() []Check {
 	if err != nil {
 		return []Check{failCheck(name, fix, "server.python %q: %v", py, err)}
 	}
-	ctx, cancel := context.WithTimeout(d.ctx, doctorPythonTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, path, "-c", pythonProbe)
 	env := os.Environ()
 	for k, v := range d.cfg.Server.Env {
 		env = append(env, k+"="+v)
 	}
-	// Not our working dir: Python puts it first on sys.path, and a folder there named
-	// sglang (as in extract's own source tree) would pass for the package.
-	cmd.Env, cmd.Dir = env, "/"
-	out, err := cmd.Output()
+	ctx, cancel := context.WithTimeoutCause(ctx, doctorPythonTimeout, fmt.Errorf("no answer in %v", doctorPythonTimeout))
+	defer cancel()
+	v, err := sglang.ProbePython(ctx, path, env)
 	if err != nil {
-		return []Check{failCheck(name, fix, "%s -c <probe>: %v", path, err)}
-	}
-	v := strings.TrimSpace(string(out))
-	if v == "missing" {
-		return []Check{failCheck(name, fix, "%s cannot import sglang", path)}
+		return []Check{failCheck(name, fix, "%v", err)}
 	}
 	return []Check{okCheck(name, "sglang %s in %s", v, path)}
 }
 
-// checkDirs checks that the output and state dirs are (or can be made) writable, and
-// flags them when a reboot would wipe them.
-func (d *doctor) checkDirs() []Check {
-	return []Check{
-		d.checkDir("output", "output_dir", d.cfg.OutputDir),
-		d.checkDir("state", "state_dir", d.cfg.StateDir),
+// jobDirs are the folders a run creates, with the config key that sets each.
+func jobDirs(cfg *configs.Config) []struct{ name, key, dir string } {
+	return []struct{ name, key, dir string }{
+		{"output", "output_dir", cfg.OutputDir},
+		{"state", "state_dir", cfg.StateDir},
 	}
 }
 
+func dirFix(key string) string {
+	return fmt.Sprintf("create it and make it writable for this user, or set %s", key)
+}
+
+// makeJobDirs creates the output and state dirs. One that cannot be made is a preflight
+// refusal (ErrPreflight, exit 3), as doctor's output and state checks report it: the node
+// is not fit to run, nothing failed midway.
+func makeJobDirs(cfg *configs.Config) error {
+	for _, d := range jobDirs(cfg) {
+		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+			return fmt.Errorf("%w: %s: cannot create %s %s: %w (fix: %s)", ErrPreflight, d.name, d.key, d.dir, err, dirFix(d.key))
+		}
+	}
+	return nil
+}
+
+// checkDirs checks that the output and state dirs are (or can be made) writable, and
+// flags them when a reboot would wipe them.
+func (d *doctor) checkDirs(context.Context) []Check {
+	var checks []Check
+	for _, j := range jobDirs(d.cfg) {
+		checks = append(checks, d.checkDir(j.name, j.key, j.dir))
+	}
+	return checks
+}
+
 func (d *doctor) checkDir(name, key, dir string) Check {
-	fix := fmt.Sprintf("create it and make it writable for this user, or set %s", key)
+	fix := dirFix(key)
 	existing, err := existingAncestor(dir)
 	if err != nil {
 		return failCheck(name, fix, "%s %s: %v", key, dir, err)
@@ -627,6 +618,32 @@ func (d *doctor) checkDir(name, key, dir string) Check {
 		return warnCheck(name, fmt.Sprintf("set %s to a folder on a durable disk", key), "%s is %s: lost on reboot", where, why)
 	}
 	return okCheck(name, "%s is writable", where)
+}
+
+// checkFiles flags a config file or extract binary that a reboot would wipe: the cron
+// line that resumes the job would then find nothing to run, as the incident's script,
+// kept in /tmp, was lost.
+func (d *doctor) checkFiles(context.Context) []Check {
+	var checks []Check
+	for _, f := range []struct{ name, path, fix string }{
+		{"config file", d.opt.ConfigFile, "keep the config on a durable disk (e.g. beside the output, or in a repository) and point --config there"},
+		{"executable", d.opt.Executable, "install extract on a durable disk (e.g. /usr/local/bin) and run it from there"},
+	} {
+		if f.path == "" {
+			continue
+		}
+		path, err := filepath.Abs(f.path)
+		if err != nil {
+			checks = append(checks, warnCheck(f.name, "", "%s: %v", f.path, err))
+			continue
+		}
+		if why := volatile(filepath.Dir(path)); why != "" {
+			checks = append(checks, warnCheck(f.name, f.fix, "%s is %s: lost on reboot, and a resume with it", path, why))
+			continue
+		}
+		checks = append(checks, okCheck(f.name, "%s is on a durable disk", path))
+	}
+	return checks
 }
 
 // existingAncestor is dir itself if it exists, else its nearest existing parent; an
@@ -682,7 +699,7 @@ func (d *doctor) remaining() []int {
 
 // checkDisk compares free space on the output disk with what the remaining samples
 // will write plus disk.reserve: the incident was a disk that filled at half the job.
-func (d *doctor) checkDisk() []Check {
+func (d *doctor) checkDisk(context.Context) []Check {
 	const name = "disk"
 	reserve := int64(d.cfg.Disk.Reserve)
 	existing, err := existingAncestor(d.cfg.OutputDir)
@@ -735,7 +752,7 @@ func (d *doctor) checkDisk() []Check {
 
 // checkStaging checks the staging dir: a tmpfs, room for its budget and for the largest
 // remaining dump, and what a crashed run left there.
-func (d *doctor) checkStaging() []Check {
+func (d *doctor) checkStaging(context.Context) []Check {
 	const name = "staging"
 	dir := d.cfg.ShmDir
 	existing, err := existingAncestor(dir)

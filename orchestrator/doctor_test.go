@@ -165,7 +165,7 @@ func TestDoctorFailsNamingTheForeignProcessOnGPU3AndHowToStopIt(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
 
 	if rep.OK {
 		t.Fatalf("report OK with a foreign process on GPU 3:\n%s", reportJSON(rep))
@@ -201,7 +201,7 @@ func TestDoctorAcceptsOurOwnServerOnTheGPUs(t *testing.T) {
 		holders[i] = []nvml.ProcessInfo{{Pid: uint32(pid), UsedGpuMemory: 120 * gpuGiB}}
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(holders)})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(holders))})
 
 	if !rep.OK {
 		t.Fatalf("our own server on the GPUs fails the report:\n%s", reportJSON(rep))
@@ -452,7 +452,7 @@ func TestDoctorOnACompleteJobNeedsNoFreeGPU(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{NVML: node})
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
 
 	if !rep.OK {
 		t.Fatalf("a complete job fails the report:\n%s", reportJSON(rep))
@@ -466,6 +466,7 @@ func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
 	}{
 		{"flat config.json", `{"hidden_size":64,"num_hidden_layers":61}`, CheckOK, "hidden 64, 61 layers, 1 weight file(s)"},
 		{"multimodal text_config", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":64,"num_hidden_layers":61}}`, CheckOK, "KimiK25ForConditionalGeneration"},
+		{"Kimi-K2.5 text_config of another width", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":7168,"num_hidden_layers":61}}`, CheckFail, "config.json (text_config) says hidden_size 7168 (server.hidden_size is 64)"},
 		{"another width", `{"hidden_size":4096,"num_hidden_layers":32}`, CheckFail, "hidden_size 4096 (server.hidden_size is 64), num_hidden_layers 32 (server.num_layers is 61)"},
 		{"not JSON", `{`, CheckFail, "is not valid JSON"},
 		{"no config.json", "", CheckFail, "config.json: no such file"},
@@ -478,7 +479,7 @@ func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
 			} else {
 				mustWriteFile(t, path, tc.config)
 			}
-			rep := runDoctor(t, cfg, DoctorOptions{NVML: h200Node(nil)})
+			rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 			wantCheck(t, rep, "model", tc.status, tc.reason)
 		})
 	}
@@ -496,4 +497,116 @@ func TestDoctorNamesAStrangerOnTheServerPort(t *testing.T) {
 	rep := runDoctor(t, cfg, DoctorOptions{})
 
 	wantCheck(t, rep, "port", CheckFail, fmt.Sprintf("is taken by pid %d", os.Getpid()), "which extract did not start")
+}
+
+func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	indexJob(t, cfg, []int{0, 1})
+	// A Python that answers only when the test lets it: doctor is inside its slow part
+	// from "started" until "go".
+	dir := t.TempDir()
+	started, goOn := filepath.Join(dir, "started"), filepath.Join(dir, "go")
+	mustWriteFile(t, cfg.Server.Python, fmt.Sprintf("#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.02; done\necho 0.5.8\n", started, goOn))
+	t.Cleanup(func() { os.WriteFile(goOn, nil, 0o644) })
+	type result struct {
+		rep DoctorReport
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rep, err := Doctor(context.Background(), cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
+		done <- result{rep, err}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("doctor never probed the Python")
+		}
+	}
+
+	// What a run does first: open the index read-write, which needs the exclusive flock.
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{Timeout: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("a run could not open the index while doctor probed Python: %v", err)
+	}
+	ix.Close()
+	mustWriteFile(t, goOn, "")
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	wantCheck(t, r.rep, "index", CheckOK, "2 of 4 samples done", "2 of 2 done files checked by stat")
+	wantCheck(t, r.rep, "sglang", CheckOK, "sglang 0.5.8")
+}
+
+func TestDoctorWarnsWhenTheConfigFileOrTheBinaryWouldNotSurviveAReboot(t *testing.T) {
+	shmDir, err := os.MkdirTemp("/dev/shm", "doctor-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(shmDir) })
+	durable, err := os.MkdirTemp("/var/tmp", "doctor-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(durable) })
+	for _, tc := range []struct {
+		name, config, exe string
+		want              map[string]string // check name → status
+		reason            string
+	}{
+		{"the script kept in /tmp", filepath.Join(t.TempDir(), "job.yaml"), "", map[string]string{"config file": CheckWarn}, "is under /tmp: lost on reboot"},
+		{"the binary on tmpfs", "", filepath.Join(shmDir, "extract"), map[string]string{"executable": CheckWarn}, "is on tmpfs: lost on reboot"},
+		{"both on a durable disk", filepath.Join(durable, "job.yaml"), filepath.Join(durable, "extract"), map[string]string{"config file": CheckOK, "executable": CheckOK}, "is on a durable disk"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.config != "" && strings.HasPrefix(tc.config, durable) && volatile(durable) != "" {
+				t.Skip("/var/tmp is not on a durable disk here")
+			}
+			cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
+			rep := runDoctor(t, cfg, DoctorOptions{ConfigFile: tc.config, Executable: tc.exe})
+			for name, status := range tc.want {
+				c := wantCheck(t, rep, name, status, tc.reason)
+				if status == CheckWarn && c.Fix == "" {
+					t.Errorf("check %s warns without a fix", name)
+				}
+			}
+			for _, c := range rep.Checks {
+				if _, want := tc.want[c.Name]; !want && (c.Name == "config file" || c.Name == "executable") {
+					t.Errorf("check %s made without its path: %+v", c.Name, c)
+				}
+			}
+			if !rep.OK {
+				t.Errorf("a volatile config or binary fails the report; it should only warn:\n%s", reportJSON(rep))
+			}
+		})
+	}
+}
+
+func TestAnUncreatableOutputDirIsAPreflightRefusalForRunAndDoctorAlike(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	mustWriteFile(t, file, "")
+	for _, tc := range []struct{ key, check string }{{"output_dir", "output"}, {"state_dir", "state"}} {
+		t.Run(tc.key, func(t *testing.T) {
+			cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
+			if tc.key == "output_dir" {
+				cfg.OutputDir = filepath.Join(file, "out")
+			} else {
+				cfg.StateDir = filepath.Join(file, "state")
+			}
+
+			err := makeJobDirs(cfg)
+			rep := runDoctor(t, cfg, DoctorOptions{})
+
+			if !errors.Is(err, ErrPreflight) || !strings.Contains(err.Error(), tc.key) || !errors.Is(err, syscall.ENOTDIR) {
+				t.Errorf("makeJobDirs = %v; want ErrPreflight naming %s and wrapping ENOTDIR", err, tc.key)
+			}
+			wantCheck(t, rep, tc.check, CheckFail, "is not a folder")
+			if !errors.Is(rep.Err(), ErrPreflight) {
+				t.Errorf("doctor's Err() = %v; want ErrPreflight", rep.Err())
+			}
+		})
+	}
 }

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
 )
@@ -25,33 +28,46 @@ check failed, 2 on a bad config.`,
 			if err != nil {
 				return err
 			}
-			rep, err := orchestrator.Doctor(cmd.Context(), cfg, orchestrator.DoctorOptions{})
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
-					return err
-				}
-			} else {
-				printDoctor(out, rep)
-			}
-			if failed := rep.Failed(); len(failed) > 0 {
-				names := make([]string, len(failed))
-				for i, c := range failed {
-					names[i] = c.Name
-				}
-				return exitCodeError{code: exitPreflight, err: fmt.Errorf("a run could not start: %d check(s) failed (%s)", len(failed), strings.Join(names, ", "))}
-			}
-			return nil
+			return runDoctor(cmd.Context(), cfg, doctorOptions{configFile: cf.file, json: asJSON}, cmd.OutOrStdout())
 		},
 	}
 	cf.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
+}
+
+// doctorOptions are the doctor command's choices besides the config.
+type doctorOptions struct {
+	configFile string // the --config file, "" for none
+	json       bool
+}
+
+// runDoctor prints the triage of cfg to out; the error is exit 3 when a run could not start.
+func runDoctor(ctx context.Context, cfg *configs.Config, opt doctorOptions, out io.Writer) error {
+	// Where the binary lives matters to the cron line that resumes the job; an unknown
+	// path is just not checked.
+	exe, _ := os.Executable()
+	rep, err := orchestrator.Doctor(ctx, cfg, orchestrator.DoctorOptions{ConfigFile: opt.configFile, Executable: exe})
+	if err != nil {
+		return err
+	}
+	if opt.json {
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+	} else {
+		printDoctor(out, rep)
+	}
+	if failed := rep.Failed(); len(failed) > 0 {
+		names := make([]string, len(failed))
+		for i, c := range failed {
+			names[i] = c.Name
+		}
+		return exitCodeError{code: exitPreflight, err: fmt.Errorf("a run could not start: %d check(s) failed (%s)", len(failed), strings.Join(names, ", "))}
+	}
+	return nil
 }
 
 func printDoctor(w io.Writer, rep orchestrator.DoctorReport) {
