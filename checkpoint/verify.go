@@ -24,6 +24,12 @@ type OutputInfo struct {
 	Tokens             int
 	CRC32C             uint32
 	Bytes              int64
+	// ConfigFingerprint, Layers and Model are the job config the file was made under;
+	// HiddenSize is the width of its hidden_state.
+	ConfigFingerprint string
+	Layers            string
+	Model             string
+	HiddenSize        int
 }
 
 // ReadOutput reads and checks an output's header and metadata; deep also recomputes
@@ -56,7 +62,10 @@ func readOutput(ctx context.Context, path string, deep bool, buf []byte) (Output
 	if md["format"] != outputFormat {
 		return OutputInfo{}, fmt.Errorf("format %q, want %q", md["format"], outputFormat)
 	}
-	info := OutputInfo{RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size()}
+	info := OutputInfo{
+		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size(),
+		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
+	}
 	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {
 		return OutputInfo{}, fmt.Errorf("metadata sample %q is not a sample index", md["sample"])
 	}
@@ -72,6 +81,8 @@ func readOutput(ctx context.Context, path string, deep bool, buf []byte) (Output
 	if err := checkOutputTensors(h, int64(info.Tokens)); err != nil {
 		return OutputInfo{}, err
 	}
+	hidden, _ := h.Tensor(tensorHidden)
+	info.HiddenSize = int(hidden.Shape[1])
 	if !deep {
 		return info, nil
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -621,10 +622,17 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 	if err != nil {
 		return checkpoint.Moved{}, err
 	}
-	moved, err := j.mover.Move(ctx, d.Path, checkpoint.Expect{
+	// TODO(lead): open with lstat + O_NOFOLLOW|O_NONBLOCK + fstat (issue 8).
+	src, err := os.Open(d.Path)
+	if err != nil {
+		return checkpoint.Moved{}, fmt.Errorf("sample %d: open dump: %w", s.Index, err)
+	}
+	moved, err := j.mover.Move(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
 		DatasetFingerprint: j.ds.Fingerprint, HiddenSize: j.cfg.HiddenSize(),
+		Layers: layersString(j.mgr.Spec.Layers), Model: j.mgr.Spec.ModelPath, ConfigFingerprint: j.cfg.Fingerprint(),
 	})
+	_ = src.Close()
 	if err != nil {
 		return moved, err
 	}
@@ -940,4 +948,13 @@ func (j *job) writeProgress() {
 	if err != nil {
 		j.log.Warn("write progress snapshot", "err", err)
 	}
+}
+
+// layersString is layers_to_capture as dump metadata spells it: "2,30,58".
+func layersString(ids []int) string {
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.Itoa(id)
+	}
+	return strings.Join(parts, ",")
 }
