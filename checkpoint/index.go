@@ -1,26 +1,10 @@
 package checkpoint
 
-// The index is one bbolt file (state_dir/index.db) with three buckets:
-//
-//	meta
-//	  schema_version       8-byte big-endian; Open refuses a version it does not know
-//	  dataset_fingerprint  string; the caller refuses --resume against another dataset
-//	  dataset_path         string, for messages only
-//	  config_fingerprint   string
-//	  total                8-byte big-endian; samples in the dataset
-//	  created              RFC 3339 time; its presence marks an initialised job
-//	samples
-//	  8-byte big-endian sample index → record (see encodeRecord)
-//	counters
-//	  done, failed, bytes, tokens   8-byte big-endian; always written in the same txn
-//	                                as the records they sum, so they never drift
-//
-// A sample with no record is pending with attempt 0.
-
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -46,6 +30,7 @@ var (
 	keyConfigFingerprint  = []byte("config_fingerprint")
 	keyTotal              = []byte("total")
 	keyCreated            = []byte("created")
+	keyAttemptBase        = []byte("attempt_base")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
@@ -170,6 +155,11 @@ type Meta struct {
 	ConfigFingerprint  string
 	Total              int
 	Created            time.Time
+	// AttemptBase is the highest attempt any sample reached before the last Reset:
+	// every attempt begun since is above it, so no rid repeats for the life of the
+	// output dir. Init writes it (a rebuilt index may carry one over); Reset raises it;
+	// a v1 index without the key reads as 0.
+	AttemptBase int
 }
 
 // Meta returns the job's metadata, and false when no job has been initialised.
@@ -197,7 +187,12 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 	if len(total) != 8 {
 		return Meta{}, false, fmt.Errorf("meta total is %d bytes, want 8", len(total))
 	}
+	base, err := attemptBase(tx)
+	if err != nil {
+		return Meta{}, false, err
+	}
 	return Meta{
+		AttemptBase:        base,
 		SchemaVersion:      int(binary.BigEndian.Uint64(b.Get(keySchemaVersion))),
 		DatasetFingerprint: string(b.Get(keyDatasetFingerprint)),
 		DatasetPath:        string(b.Get(keyDatasetPath)),
@@ -207,9 +202,33 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 	}, true, nil
 }
 
+// attemptBase reads meta's attempt_base; an index written before the key existed has
+// had no Reset that kept one, so its base is 0.
+func attemptBase(tx *bolt.Tx) (int, error) {
+	b := tx.Bucket(bucketMeta)
+	if b == nil {
+		return 0, nil
+	}
+	v := b.Get(keyAttemptBase)
+	switch {
+	case v == nil:
+		return 0, nil
+	case len(v) != 8:
+		return 0, fmt.Errorf("meta attempt_base is %d bytes, want 8", len(v))
+	}
+	n := binary.BigEndian.Uint64(v)
+	if n > math.MaxUint32 {
+		return 0, fmt.Errorf("meta attempt_base %d exceeds a record's attempt range", n)
+	}
+	return int(n), nil
+}
+
 func writeMeta(tx *bolt.Tx, m Meta) error {
 	if m.Total < 0 {
 		return fmt.Errorf("total %d is negative", m.Total)
+	}
+	if m.AttemptBase < 0 || m.AttemptBase > math.MaxUint32 {
+		return fmt.Errorf("attempt base %d out of range", m.AttemptBase)
 	}
 	if m.Created.IsZero() {
 		m.Created = time.Now()
@@ -222,6 +241,7 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 		{keyConfigFingerprint, []byte(m.ConfigFingerprint)},
 		{keyTotal, u64(uint64(m.Total))},
 		{keyCreated, []byte(m.Created.UTC().Format(time.RFC3339Nano))},
+		{keyAttemptBase, u64(uint64(m.AttemptBase))},
 	} {
 		if err := b.Put(kv.k, kv.v); err != nil {
 			return fmt.Errorf("write meta %s: %w", kv.k, err)
@@ -247,9 +267,27 @@ func (ix *Index) Init(m Meta) error {
 }
 
 // Reset drops every sample record, zeroes the counters and writes m, in one txn:
-// a crash leaves either the old job or the new one, never a mix.
+// a crash leaves either the old job or the new one, never a mix. It raises the attempt
+// base to the highest attempt ever recorded (m.AttemptBase is ignored), so the new job's
+// rids never repeat the old one's: a late dump of the old job can never be taken for
+// the new one (invariant 7).
 func (ix *Index) Reset(m Meta) error {
 	return ix.update(func(tx *bolt.Tx) error {
+		base, err := attemptBase(tx)
+		if err != nil {
+			return err
+		}
+		err = eachRecord(tx, func(s uint64, v []byte) error {
+			if len(v) < recordFixed {
+				return fmt.Errorf("sample %d: corrupt record (%d bytes)", s, len(v))
+			}
+			base = max(base, int(binary.BigEndian.Uint32(v[2:])))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		m.AttemptBase = base
 		if err := tx.DeleteBucket(bucketSamples); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return fmt.Errorf("drop samples: %w", err)
 		}
@@ -478,8 +516,9 @@ func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
 }
 
 // BeginAttempts starts a new attempt of each sample in one txn and returns the new
-// attempt numbers. The caller sends requests only after it returns, so a rid is never
-// reused, even across a crash.
+// attempt numbers: one above both the sample's last attempt and the attempt base. The
+// caller sends requests only after it returns, so a rid is never reused, even across a
+// crash or a Reset.
 func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 	if len(samples) == 0 {
 		return nil, nil
@@ -487,6 +526,10 @@ func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 	attempts := make([]int, len(samples))
 	err := ix.update(func(tx *bolt.Tx) error {
 		total, err := jobTotal(tx)
+		if err != nil {
+			return err
+		}
+		base, err := attemptBase(tx)
 		if err != nil {
 			return err
 		}
@@ -507,9 +550,12 @@ func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 			if old.State == StateDone {
 				return fmt.Errorf("sample %d: already done (attempt %d, rid %s); refusing a new attempt", s, old.Attempt, old.RID)
 			}
+			if max(old.Attempt, base) >= math.MaxUint32 {
+				return fmt.Errorf("sample %d: attempt %d is the last a record holds", s, max(old.Attempt, base))
+			}
 			r := old
 			r.State = StateInflight
-			r.Attempt = old.Attempt + 1
+			r.Attempt = max(old.Attempt, base) + 1
 			r.Updated = now
 			if err := put(tx, old, r); err != nil {
 				return err
