@@ -16,6 +16,11 @@ import (
 // SchemaVersion is the index layout this build reads and writes.
 const SchemaVersion = 1
 
+// ErrDamaged means the index file is not a readable bbolt file: truncated, meta pages
+// invalid, or pages that fault when read. The error names the file and what is wrong;
+// MoveAside puts such a file aside so that the index can be rebuilt from the outputs.
+var ErrDamaged = errors.New("index is damaged")
+
 // ErrLocked means another process holds the index; Open waited OpenOptions.Timeout.
 var ErrLocked = errors.New("index is locked by another process")
 
@@ -78,21 +83,38 @@ func Open(path string, opt OpenOptions) (*Index, error) {
 	if opt.ReadOnly {
 		mode = "read-only"
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: opt.ReadOnly})
+	if err := checkFile(path, opt.ReadOnly); err != nil {
+		return nil, err
+	}
+	var db *bolt.DB
+	err := guard(path, func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: opt.ReadOnly})
+		return err
+	})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open index %s %s: waited %s: %w", path, mode, timeout, ErrLocked)
+	}
+	if errors.Is(err, ErrDamaged) {
+		return nil, err
+	}
+	if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrChecksum) || errors.Is(err, bolterrors.ErrVersionMismatch) {
+		return nil, fmt.Errorf("open index %s %s: %w: %w", path, mode, ErrDamaged, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open index %s %s: %w", path, mode, err)
 	}
 	ix := &Index{db: db, path: path}
 	if opt.ReadOnly {
-		err = db.View(checkSchema)
+		err = ix.view(checkSchema)
 	} else {
-		err = db.Update(createBuckets)
+		err = ix.update(createBuckets)
 	}
 	if err != nil {
 		_ = db.Close()
+		if errors.Is(err, ErrDamaged) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("open index %s: %w", path, err)
 	}
 	return ix, nil
@@ -608,28 +630,32 @@ func (ix *Index) CommitDone(r Record) error {
 }
 
 func (c *commitReq) wrapErr(path string) error {
-	if c.err != nil {
+	if c.err != nil && !errors.Is(c.err, ErrDamaged) {
 		return fmt.Errorf("index %s: %w", path, c.err)
 	}
-	return nil
+	return c.err
 }
 
 // commitBatch commits the batch in one txn and releases every caller in it but self,
 // the leader. If the txn fails, each record is committed alone, so that one bad record
 // fails only its own caller.
 func (ix *Index) commitBatch(batch []*commitReq, self *commitReq) {
-	err := ix.db.Update(func(tx *bolt.Tx) error {
-		for _, c := range batch {
-			if err := commitDone(tx, c.r); err != nil {
-				return err
+	err := guard(ix.path, func() error {
+		return ix.db.Update(func(tx *bolt.Tx) error {
+			for _, c := range batch {
+				if err := commitDone(tx, c.r); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 	for _, c := range batch {
 		c.err = err
 		if err != nil && len(batch) > 1 {
-			c.err = ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+			c.err = guard(ix.path, func() error {
+				return ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+			})
 		}
 		if c != self {
 			close(c.done)
@@ -778,16 +804,20 @@ func put(tx *bolt.Tx, old, r Record) error {
 }
 
 // update and view name the index file in every error; the functions they run do not.
+// Both run under guard, so a file damaged under an open index is an ErrDamaged error,
+// not a crash.
 func (ix *Index) update(fn func(*bolt.Tx) error) error {
-	if err := ix.db.Update(fn); err != nil {
-		return fmt.Errorf("index %s: %w", ix.path, err)
-	}
-	return nil
+	return ix.wrap(guard(ix.path, func() error { return ix.db.Update(fn) }))
 }
 
 func (ix *Index) view(fn func(*bolt.Tx) error) error {
-	if err := ix.db.View(fn); err != nil {
-		return fmt.Errorf("index %s: %w", ix.path, err)
+	return ix.wrap(guard(ix.path, func() error { return ix.db.View(fn) }))
+}
+
+// wrap names the file in err, once.
+func (ix *Index) wrap(err error) error {
+	if err == nil || errors.Is(err, ErrDamaged) {
+		return err
 	}
-	return nil
+	return fmt.Errorf("index %s: %w", ix.path, err)
 }
