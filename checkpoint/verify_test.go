@@ -168,7 +168,7 @@ func TestVerifyRepairRebuildsTheIndexFromTheFilesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fresh.Close()
-	if err := fresh.Init(Meta{DatasetFingerprint: "fp-1", Total: 10}); err != nil {
+	if err := fresh.Init(Meta{DatasetFingerprint: "fp-1", ConfigFingerprint: "cfg-1", Total: 10}); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := Verify(context.Background(), fresh, j.out, 10, VerifyOptions{Repair: true})
