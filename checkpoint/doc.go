@@ -4,6 +4,51 @@
 // The index is the single source of truth for which samples are done. A sample is
 // committed done only after Mover.Move has returned, that is after its output file and
 // the directory entry naming it are durable; each output file also carries its own
-// sample, rid, dataset fingerprint and crc32c, so Verify can check the index against the
-// disk and rebuild it from the files alone.
+// sample, rid, dataset and config fingerprints and crc32c, so Verify can check the index
+// against the disk and rebuild it from the files alone.
+//
+// # Index schema
+//
+// The index is one bbolt file, state_dir/index.db, schema version 1:
+//
+//	index.db
+//	├──meta
+//	│  ├──schema_version : 8-byte big-endian; Open refuses a version it does not know
+//	│  ├──dataset_fingerprint : string; the caller refuses --resume against another dataset
+//	│  ├──dataset_path : string, for messages only
+//	│  ├──config_fingerprint : string; outputs carry it too, and Verify compares them
+//	│  ├──total : 8-byte big-endian; samples in the dataset
+//	│  ├──created : RFC 3339 time; its presence marks an initialised job
+//	│  └──attempt_base : 8-byte big-endian; the highest attempt any sample reached
+//	│                    before the last Reset; optional, absent reads as 0
+//	├──samples
+//	│  └──<sample> : 8-byte big-endian sample index → record (see encodeRecord)
+//	└──counters
+//	   ├──done : 8-byte big-endian
+//	   ├──failed : 8-byte big-endian
+//	   ├──bytes : 8-byte big-endian
+//	   └──tokens : 8-byte big-endian; all four are written in the same txn as the
+//	               records they sum, so they never drift
+//
+// A sample with no record is pending with attempt 0. BeginAttempts gives a sample the
+// attempt max(record's attempt, attempt_base)+1, and Reset (--fresh, or a new dataset
+// on an index without progress) raises attempt_base to the highest attempt recorded
+// before it drops the records: a rid s<sample>-a<attempt> is never used twice for the
+// life of an output dir.
+//
+// attempt_base was added without a version bump: an index written before it has no
+// such key, which reads as 0, exactly the base it had; testdata/index-v1.db is such a
+// file. Older builds ignore the key, so they can still open a newer index, but a Reset
+// by an older build forgets the base.
+//
+// # Damage
+//
+// bbolt maps the file and trusts its meta pages: a truncated index makes it touch pages
+// past the end of the file, which is SIGBUS, a crash no recover can catch unless the
+// goroutine asked for a panic instead. Open therefore checks both meta pages and the
+// file size against the one bbolt would use before it hands the file to bbolt, and
+// every transaction runs with debug.SetPanicOnFault and a recover. Either way a damaged
+// index is an error wrapping ErrDamaged that names the file; MoveAside puts the file
+// aside for the operator, and Init then Verify with Repair rebuild the index from the
+// output files.
 package checkpoint

@@ -1,26 +1,10 @@
 package checkpoint
 
-// The index is one bbolt file (state_dir/index.db) with three buckets:
-//
-//	meta
-//	  schema_version       8-byte big-endian; Open refuses a version it does not know
-//	  dataset_fingerprint  string; the caller refuses --resume against another dataset
-//	  dataset_path         string, for messages only
-//	  config_fingerprint   string
-//	  total                8-byte big-endian; samples in the dataset
-//	  created              RFC 3339 time; its presence marks an initialised job
-//	samples
-//	  8-byte big-endian sample index → record (see encodeRecord)
-//	counters
-//	  done, failed, bytes, tokens   8-byte big-endian; always written in the same txn
-//	                                as the records they sum, so they never drift
-//
-// A sample with no record is pending with attempt 0.
-
 import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -31,6 +15,11 @@ import (
 
 // SchemaVersion is the index layout this build reads and writes.
 const SchemaVersion = 1
+
+// ErrDamaged means the index file is not a readable bbolt file: truncated, meta pages
+// invalid, or pages that fault when read. The error names the file and what is wrong;
+// MoveAside puts such a file aside so that the index can be rebuilt from the outputs.
+var ErrDamaged = errors.New("index is damaged")
 
 // ErrLocked means another process holds the index; Open waited OpenOptions.Timeout.
 var ErrLocked = errors.New("index is locked by another process")
@@ -46,6 +35,7 @@ var (
 	keyConfigFingerprint  = []byte("config_fingerprint")
 	keyTotal              = []byte("total")
 	keyCreated            = []byte("created")
+	keyAttemptBase        = []byte("attempt_base")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
@@ -93,21 +83,38 @@ func Open(path string, opt OpenOptions) (*Index, error) {
 	if opt.ReadOnly {
 		mode = "read-only"
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: opt.ReadOnly})
+	if err := checkFile(path, opt.ReadOnly); err != nil {
+		return nil, err
+	}
+	var db *bolt.DB
+	err := guard(path, func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: opt.ReadOnly})
+		return err
+	})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("open index %s %s: waited %s: %w", path, mode, timeout, ErrLocked)
+	}
+	if errors.Is(err, ErrDamaged) {
+		return nil, err
+	}
+	if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrChecksum) || errors.Is(err, bolterrors.ErrVersionMismatch) {
+		return nil, fmt.Errorf("open index %s %s: %w: %w", path, mode, ErrDamaged, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open index %s %s: %w", path, mode, err)
 	}
 	ix := &Index{db: db, path: path}
 	if opt.ReadOnly {
-		err = db.View(checkSchema)
+		err = ix.view(checkSchema)
 	} else {
-		err = db.Update(createBuckets)
+		err = ix.update(createBuckets)
 	}
 	if err != nil {
 		_ = db.Close()
+		if errors.Is(err, ErrDamaged) {
+			return nil, err
+		}
 		return nil, fmt.Errorf("open index %s: %w", path, err)
 	}
 	return ix, nil
@@ -170,6 +177,11 @@ type Meta struct {
 	ConfigFingerprint  string
 	Total              int
 	Created            time.Time
+	// AttemptBase is the highest attempt any sample reached before the last Reset:
+	// every attempt begun since is above it, so no rid repeats for the life of the
+	// output dir. Init writes it (a rebuilt index may carry one over); Reset raises it;
+	// a v1 index without the key reads as 0.
+	AttemptBase int
 }
 
 // Meta returns the job's metadata, and false when no job has been initialised.
@@ -197,7 +209,12 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 	if len(total) != 8 {
 		return Meta{}, false, fmt.Errorf("meta total is %d bytes, want 8", len(total))
 	}
+	base, err := attemptBase(tx)
+	if err != nil {
+		return Meta{}, false, err
+	}
 	return Meta{
+		AttemptBase:        base,
 		SchemaVersion:      int(binary.BigEndian.Uint64(b.Get(keySchemaVersion))),
 		DatasetFingerprint: string(b.Get(keyDatasetFingerprint)),
 		DatasetPath:        string(b.Get(keyDatasetPath)),
@@ -207,9 +224,33 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 	}, true, nil
 }
 
+// attemptBase reads meta's attempt_base; an index written before the key existed has
+// had no Reset that kept one, so its base is 0.
+func attemptBase(tx *bolt.Tx) (int, error) {
+	b := tx.Bucket(bucketMeta)
+	if b == nil {
+		return 0, nil
+	}
+	v := b.Get(keyAttemptBase)
+	switch {
+	case v == nil:
+		return 0, nil
+	case len(v) != 8:
+		return 0, fmt.Errorf("meta attempt_base is %d bytes, want 8", len(v))
+	}
+	n := binary.BigEndian.Uint64(v)
+	if n > math.MaxUint32 {
+		return 0, fmt.Errorf("meta attempt_base %d exceeds a record's attempt range", n)
+	}
+	return int(n), nil
+}
+
 func writeMeta(tx *bolt.Tx, m Meta) error {
 	if m.Total < 0 {
 		return fmt.Errorf("total %d is negative", m.Total)
+	}
+	if m.AttemptBase < 0 || m.AttemptBase > math.MaxUint32 {
+		return fmt.Errorf("attempt base %d out of range", m.AttemptBase)
 	}
 	if m.Created.IsZero() {
 		m.Created = time.Now()
@@ -222,6 +263,7 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 		{keyConfigFingerprint, []byte(m.ConfigFingerprint)},
 		{keyTotal, u64(uint64(m.Total))},
 		{keyCreated, []byte(m.Created.UTC().Format(time.RFC3339Nano))},
+		{keyAttemptBase, u64(uint64(m.AttemptBase))},
 	} {
 		if err := b.Put(kv.k, kv.v); err != nil {
 			return fmt.Errorf("write meta %s: %w", kv.k, err)
@@ -247,9 +289,27 @@ func (ix *Index) Init(m Meta) error {
 }
 
 // Reset drops every sample record, zeroes the counters and writes m, in one txn:
-// a crash leaves either the old job or the new one, never a mix.
+// a crash leaves either the old job or the new one, never a mix. It raises the attempt
+// base to the highest attempt ever recorded (m.AttemptBase is ignored), so the new job's
+// rids never repeat the old one's: a late dump of the old job can never be taken for
+// the new one (invariant 7).
 func (ix *Index) Reset(m Meta) error {
 	return ix.update(func(tx *bolt.Tx) error {
+		base, err := attemptBase(tx)
+		if err != nil {
+			return err
+		}
+		err = eachRecord(tx, func(s uint64, v []byte) error {
+			if len(v) < recordFixed {
+				return fmt.Errorf("sample %d: corrupt record (%d bytes)", s, len(v))
+			}
+			base = max(base, int(binary.BigEndian.Uint32(v[2:])))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		m.AttemptBase = base
 		if err := tx.DeleteBucket(bucketSamples); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 			return fmt.Errorf("drop samples: %w", err)
 		}
@@ -478,8 +538,9 @@ func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
 }
 
 // BeginAttempts starts a new attempt of each sample in one txn and returns the new
-// attempt numbers. The caller sends requests only after it returns, so a rid is never
-// reused, even across a crash.
+// attempt numbers: one above both the sample's last attempt and the attempt base. The
+// caller sends requests only after it returns, so a rid is never reused, even across a
+// crash or a Reset.
 func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 	if len(samples) == 0 {
 		return nil, nil
@@ -487,6 +548,10 @@ func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 	attempts := make([]int, len(samples))
 	err := ix.update(func(tx *bolt.Tx) error {
 		total, err := jobTotal(tx)
+		if err != nil {
+			return err
+		}
+		base, err := attemptBase(tx)
 		if err != nil {
 			return err
 		}
@@ -507,9 +572,12 @@ func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
 			if old.State == StateDone {
 				return fmt.Errorf("sample %d: already done (attempt %d, rid %s); refusing a new attempt", s, old.Attempt, old.RID)
 			}
+			if max(old.Attempt, base) >= math.MaxUint32 {
+				return fmt.Errorf("sample %d: attempt %d is the last a record holds", s, max(old.Attempt, base))
+			}
 			r := old
 			r.State = StateInflight
-			r.Attempt = old.Attempt + 1
+			r.Attempt = max(old.Attempt, base) + 1
 			r.Updated = now
 			if err := put(tx, old, r); err != nil {
 				return err
@@ -562,28 +630,32 @@ func (ix *Index) CommitDone(r Record) error {
 }
 
 func (c *commitReq) wrapErr(path string) error {
-	if c.err != nil {
+	if c.err != nil && !errors.Is(c.err, ErrDamaged) {
 		return fmt.Errorf("index %s: %w", path, c.err)
 	}
-	return nil
+	return c.err
 }
 
 // commitBatch commits the batch in one txn and releases every caller in it but self,
 // the leader. If the txn fails, each record is committed alone, so that one bad record
 // fails only its own caller.
 func (ix *Index) commitBatch(batch []*commitReq, self *commitReq) {
-	err := ix.db.Update(func(tx *bolt.Tx) error {
-		for _, c := range batch {
-			if err := commitDone(tx, c.r); err != nil {
-				return err
+	err := guard(ix.path, func() error {
+		return ix.db.Update(func(tx *bolt.Tx) error {
+			for _, c := range batch {
+				if err := commitDone(tx, c.r); err != nil {
+					return err
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
 	for _, c := range batch {
 		c.err = err
 		if err != nil && len(batch) > 1 {
-			c.err = ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+			c.err = guard(ix.path, func() error {
+				return ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+			})
 		}
 		if c != self {
 			close(c.done)
@@ -732,16 +804,20 @@ func put(tx *bolt.Tx, old, r Record) error {
 }
 
 // update and view name the index file in every error; the functions they run do not.
+// Both run under guard, so a file damaged under an open index is an ErrDamaged error,
+// not a crash.
 func (ix *Index) update(fn func(*bolt.Tx) error) error {
-	if err := ix.db.Update(fn); err != nil {
-		return fmt.Errorf("index %s: %w", ix.path, err)
-	}
-	return nil
+	return ix.wrap(guard(ix.path, func() error { return ix.db.Update(fn) }))
 }
 
 func (ix *Index) view(fn func(*bolt.Tx) error) error {
-	if err := ix.db.View(fn); err != nil {
-		return fmt.Errorf("index %s: %w", ix.path, err)
+	return ix.wrap(guard(ix.path, func() error { return ix.db.View(fn) }))
+}
+
+// wrap names the file in err, once.
+func (ix *Index) wrap(err error) error {
+	if err == nil || errors.Is(err, ErrDamaged) {
+		return err
 	}
-	return nil
+	return fmt.Errorf("index %s: %w", ix.path, err)
 }

@@ -20,7 +20,7 @@ func newIndex(tb testing.TB, total int) *Index {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { _ = ix.Close() })
-	if err := ix.Init(Meta{DatasetFingerprint: "fp-1", DatasetPath: "/data/d.jsonl", Total: total}); err != nil {
+	if err := ix.Init(Meta{DatasetFingerprint: "fp-1", DatasetPath: "/data/d.jsonl", ConfigFingerprint: "cfg-1", Total: total}); err != nil {
 		tb.Fatal(err)
 	}
 	return ix

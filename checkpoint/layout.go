@@ -29,9 +29,20 @@ func tempPath(final string) string {
 	return filepath.Join(filepath.Dir(final), "."+filepath.Base(final)+tmpSuffix)
 }
 
-// isTempName reports whether a file name inside a rows_ directory is a temp file.
+// isTempName reports whether a file name inside a rows_ directory is a temp file the
+// mover writes: exactly tempPath's ".data_<sample>.safetensors.tmp". Verify removes
+// only these; any other ".*.tmp" is someone else's and stays.
 func isTempName(name string) bool {
-	return strings.HasPrefix(name, ".") && strings.HasSuffix(name, tmpSuffix)
+	inner, ok := strings.CutPrefix(name, ".")
+	if !ok {
+		return false
+	}
+	inner, ok = strings.CutSuffix(inner, tmpSuffix)
+	if !ok {
+		return false
+	}
+	_, ok = parseDataName(inner)
+	return ok
 }
 
 // parseDataName returns the sample of "data_<n>.safetensors". Only the canonical

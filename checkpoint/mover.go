@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -35,7 +36,9 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Expect is what the orchestrator knows about the dump it waits for.
+// Expect is what the orchestrator knows about the dump it waits for: the sample's
+// dataset line and the job's config. A dump that disagrees with any of it was made by
+// another attempt, dataset, model or layer set and never counts (invariants 4 and 7).
 type Expect struct {
 	Sample int
 	// RID is the current attempt's rid; the dump's __metadata__ rid must equal it.
@@ -45,8 +48,16 @@ type Expect struct {
 	// LossMask nil means all ones; otherwise its length must equal the dump's tokens.
 	LossMask           []int64
 	DatasetFingerprint string
-	// HiddenSize 0 accepts any.
+	// Layers is the job's effective layers_to_capture, e.g. "2,30,58" (required); the
+	// dump's layers must name the same ids in the same order.
+	Layers string
+	// Model, when non-empty, must equal the dump's model metadata (the server's model path).
+	Model string
+	// HiddenSize is the model's hidden width (required, > 0).
 	HiddenSize int
+	// ConfigFingerprint is written into the output's metadata as config_fingerprint, so
+	// that verify can tell a file of another config from one of this job.
+	ConfigFingerprint string
 }
 
 // Moved describes an output that Move made durable.
@@ -88,21 +99,27 @@ type dump struct {
 	layers, model, hook string
 }
 
-// Move validates the dump at dumpPath against want and writes the sample's output:
-// to a temp file, fsynced, renamed to OutputPath, directory fsynced. It leaves the dump
-// in place; the caller deletes it once the index commit is durable.
-func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, error) {
+// Move validates the dump src against want and writes the sample's output: to a temp
+// file, fsynced, renamed to OutputPath, directory fsynced. It leaves the dump in place;
+// the caller deletes it once the index commit is durable.
+//
+// The caller opens the staging file itself (lstat, O_NOFOLLOW|O_NONBLOCK, fstat: the
+// staging dir is world-writable) and hands it over; dumpPath only names it in errors.
+// Move never opens dumpPath, reads src only by offset (its file position does not
+// matter), and reads nothing beyond src's size at the time of its fstat.
+func (m *Mover) Move(ctx context.Context, src *os.File, dumpPath string, want Expect) (Moved, error) {
 	if err := ctx.Err(); err != nil {
 		return Moved{}, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
 	}
-	src, err := os.Open(dumpPath)
-	if err != nil {
-		return Moved{}, fmt.Errorf("sample %d: open dump: %w", want.Sample, err)
+	if err := want.check(); err != nil {
+		return Moved{}, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
 	}
-	defer src.Close()
 	st, err := src.Stat()
 	if err != nil {
-		return Moved{}, fmt.Errorf("sample %d: stat dump: %w", want.Sample, err)
+		return Moved{}, fmt.Errorf("sample %d: stat dump %s: %w", want.Sample, dumpPath, err)
+	}
+	if !st.Mode().IsRegular() {
+		return Moved{}, &DumpError{Path: dumpPath, Reason: fmt.Sprintf("not a regular file (%s)", st.Mode().Type())}
 	}
 	size := m.BufferSize
 	if size <= 0 {
@@ -111,7 +128,10 @@ func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, 
 	// Whole int64s, so that input_ids compare chunk by chunk.
 	buf := make([]byte, max(size/8*8, 8))
 
-	d, err := checkDump(ctx, src, dumpPath, st.Size(), want, buf)
+	// Every read goes through this window: a dump that grows after the fstat (a writer
+	// still at it, or an attacker) cannot make the mover read more than it sized.
+	win := io.NewSectionReader(src, 0, st.Size())
+	d, err := checkDump(ctx, win, dumpPath, st.Size(), want, buf)
 	if err != nil {
 		if _, bad := errors.AsType[*DumpError](err); bad {
 			return Moved{}, err
@@ -122,7 +142,7 @@ func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, 
 	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
-	n, sum, err := writeOutput(ctx, src, d, want, final, buf)
+	n, sum, err := writeOutput(ctx, win, d, want, final, buf)
 	if err != nil {
 		return Moved{}, err
 	}
@@ -134,11 +154,11 @@ func (m *Mover) Move(ctx context.Context, dumpPath string, want Expect) (Moved, 
 
 // checkDump applies every check of dump protocol v1 before anything is written, so a
 // bad dump never touches the output disk.
-func checkDump(ctx context.Context, src *os.File, path string, size int64, want Expect, buf []byte) (*dump, error) {
+func checkDump(ctx context.Context, src io.ReaderAt, path string, size int64, want Expect, buf []byte) (*dump, error) {
 	bad := func(format string, args ...any) error {
 		return &DumpError{Path: path, Reason: fmt.Sprintf(format, args...)}
 	}
-	h, err := safetensors.ReadHeader(src, size)
+	h, err := safetensors.ReadHeader(io.NewSectionReader(src, 0, size), size)
 	if err != nil {
 		return nil, bad("%v", err)
 	}
@@ -149,8 +169,15 @@ func checkDump(ctx context.Context, src *os.File, path string, size int64, want 
 	if md["rid"] != want.RID {
 		return nil, bad("rid %q is not the current attempt %q", md["rid"], want.RID)
 	}
-	if err := checkLayers(md["layers"]); err != nil {
+	got, err := parseLayers(md["layers"])
+	if err != nil {
 		return nil, bad("%v", err)
+	}
+	if wantLayers, _ := parseLayers(want.Layers); !slices.Equal(got, wantLayers) {
+		return nil, bad("layers %q, the job captures %q", md["layers"], want.Layers)
+	}
+	if want.Model != "" && md["model"] != want.Model {
+		return nil, bad("model %q, the job runs %q", md["model"], want.Model)
 	}
 	if len(h.Tensors) != 3 {
 		names := make([]string, len(h.Tensors))
@@ -175,7 +202,7 @@ func checkDump(ctx context.Context, src *os.File, path string, size int64, want 
 		return nil, bad("no tokens")
 	case d.hiddenSize < 1:
 		return nil, bad("hidden size 0")
-	case want.HiddenSize > 0 && d.hiddenSize != int64(want.HiddenSize):
+	case d.hiddenSize != int64(want.HiddenSize):
 		return nil, bad("hidden size %d, want %d", d.hiddenSize, want.HiddenSize)
 	case d.hidden.Shape[0] != d.tokens:
 		return nil, bad("%s has %d rows, %s has %d tokens", tensorHidden, d.hidden.Shape[0], tensorInputIDs, d.tokens)
@@ -194,21 +221,36 @@ func checkDump(ctx context.Context, src *os.File, path string, size int64, want 
 	return d, nil
 }
 
-// checkLayers requires the three captured layer ids that aux_hidden_state concatenates.
-func checkLayers(s string) error {
+// check refuses an Expect that cannot tell this job's dumps from another's: that is
+// the caller's bug, not the dump's.
+func (e Expect) check() error {
+	if e.HiddenSize <= 0 {
+		return fmt.Errorf("expect: hidden size %d, want > 0", e.HiddenSize)
+	}
+	if _, err := parseLayers(e.Layers); err != nil {
+		return fmt.Errorf("expect: %w", err)
+	}
+	return nil
+}
+
+// parseLayers reads the three captured layer ids that aux_hidden_state concatenates.
+func parseLayers(s string) ([]int, error) {
 	if s == "" {
-		return errors.New("metadata has no layers")
+		return nil, errors.New("no layers")
 	}
 	parts := strings.Split(s, ",")
 	if len(parts) != 3 {
-		return fmt.Errorf("layers %q: want 3 comma-separated layer ids", s)
+		return nil, fmt.Errorf("layers %q: want 3 comma-separated layer ids", s)
 	}
-	for _, p := range parts {
-		if n, err := strconv.Atoi(p); err != nil || n < 0 {
-			return fmt.Errorf("layers %q: %q is not a layer id", s, p)
+	ids := make([]int, len(parts))
+	for i, p := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("layers %q: %q is not a layer id", s, p)
 		}
+		ids[i] = n
 	}
-	return nil
+	return ids, nil
 }
 
 // tensorOf returns the named tensor after checking its dtype and rank.
@@ -250,7 +292,7 @@ func compareIDs(ctx context.Context, src io.ReaderAt, path string, off int64, wa
 
 // writeOutput streams the output through its temp file in one pass and renames it into
 // place. On any error the temp file is removed: a full disk leaves nothing behind.
-func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final string, buf []byte) (size int64, sum uint32, err error) {
+func writeOutput(ctx context.Context, src io.ReaderAt, d *dump, want Expect, final string, buf []byte) (size int64, sum uint32, err error) {
 	tmp := tempPath(final)
 	T, H := d.tokens, d.hiddenSize
 	hdr, _, err := safetensors.EncodeHeader([]safetensors.Spec{
@@ -268,6 +310,7 @@ func writeOutput(ctx context.Context, src *os.File, d *dump, want Expect, final 
 		"hook_version":        d.hook,
 		"protocol":            protocolVersion,
 		"tokens":              strconv.FormatInt(T, 10),
+		"config_fingerprint":  want.ConfigFingerprint,
 		"crc32c":              crcPlaceholder,
 	})
 	if err != nil {

@@ -95,7 +95,8 @@ func benchDump(b *testing.B, dir string, sample, T, H int) string {
 }
 
 func benchExpect(sample, T, H int) Expect {
-	return Expect{Sample: sample, RID: fmt.Sprintf("s%09d-a1", sample), InputIDs: benchIDs(sample, T), DatasetFingerprint: "bench", HiddenSize: H}
+	return Expect{Sample: sample, RID: fmt.Sprintf("s%09d-a1", sample), InputIDs: benchIDs(sample, T), DatasetFingerprint: "bench", HiddenSize: H,
+		Layers: "2,30,58", Model: "bench", ConfigFingerprint: "bench"}
 }
 
 // BenchmarkMoveFromStaging moves one dump per op, overwriting the same output: validate,
@@ -119,7 +120,7 @@ func BenchmarkMoveFromStaging(b *testing.B) {
 			want := benchExpect(1, c.T, c.H)
 			b.SetBytes(st.Size())
 			for b.Loop() {
-				if _, err := m.Move(context.Background(), path, want); err != nil {
+				if _, err := m.moveFile(context.Background(), path, want); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -169,7 +170,7 @@ func BenchmarkSmallDumpFullPath(b *testing.B) {
 		go func() {
 			defer wg.Done()
 			for s := range next {
-				moved, err := m.Move(context.Background(), paths[s], benchExpect(s, T, H))
+				moved, err := m.moveFile(context.Background(), paths[s], benchExpect(s, T, H))
 				if err == nil {
 					err = ix.CommitDone(Record{Sample: s, State: StateDone, Attempt: 1, RID: fmt.Sprintf("s%09d-a1", s),
 						Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens})

@@ -109,7 +109,8 @@ func writeDump(tb testing.TB, dir string, d dumpSpec) string {
 }
 
 func expectFor(sample int, T int64) Expect {
-	return Expect{Sample: sample, RID: ridOf(sample, 1), InputIDs: idsOf(sample, T), DatasetFingerprint: "fp-1", HiddenSize: 8}
+	return Expect{Sample: sample, RID: ridOf(sample, 1), InputIDs: idsOf(sample, T), DatasetFingerprint: "fp-1", HiddenSize: 8,
+		Layers: "2,30,58", Model: "kimi-k2.5", ConfigFingerprint: "cfg-1"}
 }
 
 // tensorBytes returns the named tensor's bytes from a whole safetensors file.
@@ -160,14 +161,14 @@ func TestMoveWritesExactTensorsMetadataAndCRC(t *testing.T) {
 		lossMask []int64
 	}{
 		{"token sample with loss mask", func(e Expect) Expect { e.LossMask = []int64{0, 0, 1, 1, 1}; return e }, []int64{0, 0, 1, 1, 1}},
-		{"text sample takes the dump's ids and all ones", func(e Expect) Expect { e.InputIDs = nil; e.HiddenSize = 0; return e }, []int64{1, 1, 1, 1, 1}},
+		{"text sample takes the dump's ids and all ones", func(e Expect) Expect { e.InputIDs = nil; return e }, []int64{1, 1, 1, 1, 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			shm, out := t.TempDir(), t.TempDir()
 			dumpPath := writeDump(t, shm, dumpSpec{sample: 2345})
 			want := tc.want(expectFor(2345, 5))
 			m := &Mover{OutputDir: out, BufferSize: 64} // small chunks exercise the chunk loops
-			moved, err := m.Move(context.Background(), dumpPath, want)
+			moved, err := m.moveFile(context.Background(), dumpPath, want)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -216,7 +217,7 @@ func TestMoveWritesExactTensorsMetadataAndCRC(t *testing.T) {
 			wantMeta := map[string]string{
 				"format": "extract/v1", "sample": "2345", "rid": ridOf(2345, 1), "dataset_fingerprint": "fp-1",
 				"layers": "2,30,58", "model": "kimi-k2.5", "hook_version": "0.3.1", "protocol": "1",
-				"tokens": "5", "crc32c": fmt.Sprintf("%08x", sum),
+				"tokens": "5", "crc32c": fmt.Sprintf("%08x", sum), "config_fingerprint": "cfg-1",
 			}
 			if !maps.Equal(h.Metadata, wantMeta) {
 				t.Errorf("metadata = %v, want %v", h.Metadata, wantMeta)
@@ -229,7 +230,8 @@ func TestMoveWritesExactTensorsMetadataAndCRC(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wantInfo := OutputInfo{Sample: 2345, RID: ridOf(2345, 1), DatasetFingerprint: "fp-1", Tokens: 5, CRC32C: sum, Bytes: moved.Bytes}
+			wantInfo := OutputInfo{Sample: 2345, RID: ridOf(2345, 1), DatasetFingerprint: "fp-1", Tokens: 5, CRC32C: sum, Bytes: moved.Bytes,
+				ConfigFingerprint: "cfg-1", Layers: "2,30,58", Model: "kimi-k2.5", HiddenSize: 8}
 			if info != wantInfo {
 				t.Fatalf("ReadOutput = %+v, want %+v", info, wantInfo)
 			}
@@ -293,7 +295,7 @@ func TestMoveRejectsBadDumpsWithDumpErrorAndWritesNothing(t *testing.T) {
 				want = tc.want(want)
 			}
 			m := &Mover{OutputDir: out}
-			_, err := m.Move(context.Background(), path, want)
+			_, err := m.moveFile(context.Background(), path, want)
 			de, ok := errors.AsType[*DumpError](err)
 			if !ok {
 				t.Fatalf("Move = %v, want a *DumpError", err)
@@ -347,7 +349,7 @@ func TestMoveIntoFullDiskLeavesNoFileAndIsNotADumpError(t *testing.T) {
 	dumpPath := writeDump(t, t.TempDir(), dumpSpec{sample: 3, T: 64, H: 4096})
 	want := expectFor(3, 64)
 	want.HiddenSize = 4096
-	_, err := (&Mover{OutputDir: out}).Move(context.Background(), dumpPath, want)
+	_, err := (&Mover{OutputDir: out}).moveFile(context.Background(), dumpPath, want)
 	if err == nil {
 		t.Fatal("Move of 2 MiB into 1 MiB succeeded")
 	}
@@ -382,7 +384,7 @@ func TestMoveCancelledMidCopyRemovesTempFile(t *testing.T) {
 	want := expectFor(1, 64)
 	want.HiddenSize = 64
 	ctx := &cancelAfter{Context: context.Background(), n: 10}
-	_, err := (&Mover{OutputDir: out, BufferSize: 1024}).Move(ctx, dumpPath, want)
+	_, err := (&Mover{OutputDir: out, BufferSize: 1024}).moveFile(ctx, dumpPath, want)
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Move = %v, want context.Canceled", err)
 	}
@@ -395,7 +397,7 @@ func TestMoveAgainOverwritesTheOutputIdempotently(t *testing.T) {
 	dumpPath := writeDump(t, t.TempDir(), dumpSpec{sample: 4001})
 	out := t.TempDir()
 	m := &Mover{OutputDir: out}
-	first, err := m.Move(context.Background(), dumpPath, expectFor(4001, 5))
+	first, err := m.moveFile(context.Background(), dumpPath, expectFor(4001, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +406,7 @@ func TestMoveAgainOverwritesTheOutputIdempotently(t *testing.T) {
 	if err := os.WriteFile(tempPath(first.Path), []byte("partial"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	second, err := m.Move(context.Background(), dumpPath, expectFor(4001, 5))
+	second, err := m.moveFile(context.Background(), dumpPath, expectFor(4001, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -429,7 +431,7 @@ func TestMoveOfA64MiBDumpKeepsTheHeapFlat(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	moved, err := m.Move(context.Background(), dumpPath, want)
+	moved, err := m.moveFile(context.Background(), dumpPath, want)
 	runtime.ReadMemStats(&after)
 	if err != nil {
 		t.Fatal(err)
@@ -454,7 +456,7 @@ func BenchmarkMove256MiB(b *testing.B) {
 	m := &Mover{OutputDir: b.TempDir()}
 	b.SetBytes(4 * 4096 * 8192 * 2)
 	for b.Loop() {
-		if _, err := m.Move(context.Background(), dumpPath, want); err != nil {
+		if _, err := m.moveFile(context.Background(), dumpPath, want); err != nil {
 			b.Fatal(err)
 		}
 	}

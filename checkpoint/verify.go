@@ -2,8 +2,10 @@ package checkpoint
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -24,21 +26,45 @@ type OutputInfo struct {
 	Tokens             int
 	CRC32C             uint32
 	Bytes              int64
+	// ConfigFingerprint, Layers and Model are the job config the file was made under;
+	// HiddenSize is the width of its hidden_state.
+	ConfigFingerprint string
+	Layers            string
+	Model             string
+	HiddenSize        int
 }
 
 // ReadOutput reads and checks an output's header and metadata; deep also recomputes
 // the crc32c of the data section and compares it with the metadata.
 func ReadOutput(path string, deep bool) (OutputInfo, error) {
-	info, err := readOutput(context.Background(), path, deep, make([]byte, 1<<20))
+	info, err := readOutput(context.Background(), path, deep, nil, make([]byte, 1<<20))
 	if err != nil {
 		return OutputInfo{}, fmt.Errorf("output %s: %w", path, err)
 	}
 	return info, nil
 }
 
+// fileWant is what the job says one output must hold. The zero value checks nothing.
+type fileWant struct {
+	// ids and mask are the dataset's; haveIDs false is a text sample (the file's ids
+	// are the truth), and a nil mask means all ones.
+	ids, mask []int64
+	haveIDs   bool
+	// haveSample says ids and mask were read from the dataset at all.
+	haveSample bool
+	hidden     int
+	layers     string
+}
+
+// wrong is a file that is valid in itself but not this job's; its reason goes into the
+// report as it is.
+func wrong(format string, args ...any) error { return fmt.Errorf(format, args...) }
+
 // readOutput is ReadOutput for Verify: it can be cancelled between chunks, reuses one
-// buffer, and leaves naming the file to the caller.
-func readOutput(ctx context.Context, path string, deep bool, buf []byte) (OutputInfo, error) {
+// buffer, and leaves naming the file to the caller. With want it also checks the file
+// against the job: width and layers always, and when deep the token count and the
+// input_ids and loss_mask bytes against the dataset's.
+func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf []byte) (OutputInfo, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return OutputInfo{}, err
@@ -56,7 +82,10 @@ func readOutput(ctx context.Context, path string, deep bool, buf []byte) (Output
 	if md["format"] != outputFormat {
 		return OutputInfo{}, fmt.Errorf("format %q, want %q", md["format"], outputFormat)
 	}
-	info := OutputInfo{RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size()}
+	info := OutputInfo{
+		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size(),
+		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
+	}
 	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {
 		return OutputInfo{}, fmt.Errorf("metadata sample %q is not a sample index", md["sample"])
 	}
@@ -71,6 +100,19 @@ func readOutput(ctx context.Context, path string, deep bool, buf []byte) (Output
 	info.CRC32C = uint32(sum)
 	if err := checkOutputTensors(h, int64(info.Tokens)); err != nil {
 		return OutputInfo{}, err
+	}
+	hidden, _ := h.Tensor(tensorHidden)
+	info.HiddenSize = int(hidden.Shape[1])
+	if want != nil {
+		if want.hidden > 0 && info.HiddenSize != want.hidden {
+			return OutputInfo{}, wrong("hidden size %d, the job's is %d", info.HiddenSize, want.hidden)
+		}
+		if want.layers != "" {
+			got, err := parseLayers(info.Layers)
+			if wl, _ := parseLayers(want.layers); err != nil || !slices.Equal(got, wl) {
+				return OutputInfo{}, wrong("layers %q, the job captures %q", info.Layers, want.layers)
+			}
+		}
 	}
 	if !deep {
 		return info, nil
@@ -90,7 +132,53 @@ func readOutput(ctx context.Context, path string, deep bool, buf []byte) (Output
 	if got != info.CRC32C {
 		return OutputInfo{}, fmt.Errorf("crc32c mismatch: metadata %08x, data %08x", info.CRC32C, got)
 	}
+	if want == nil || !want.haveSample {
+		return info, nil
+	}
+	T := int64(info.Tokens)
+	if want.haveIDs && int64(len(want.ids)) != T {
+		return OutputInfo{}, wrong("%d tokens, the dataset's sample has %d", T, len(want.ids))
+	}
+	if want.mask != nil && int64(len(want.mask)) != T {
+		return OutputInfo{}, wrong("%d tokens, the dataset's loss_mask has %d", T, len(want.mask))
+	}
+	ids, _ := h.Tensor(tensorInputIDs)
+	mask, _ := h.Tensor(tensorLossMask)
+	if want.haveIDs {
+		if err := compareInt64s(ctx, f, h.DataStart+ids.Begin, tensorInputIDs, T, want.ids, buf); err != nil {
+			return OutputInfo{}, err
+		}
+	}
+	if err := compareInt64s(ctx, f, h.DataStart+mask.Begin, tensorLossMask, T, want.mask, buf); err != nil {
+		return OutputInfo{}, err
+	}
 	return info, nil
+}
+
+// compareInt64s compares n little-endian int64s at off with want (nil: all ones, the
+// default loss mask) in chunks, naming the first position that differs.
+func compareInt64s(ctx context.Context, f io.ReaderAt, off int64, name string, n int64, want []int64, buf []byte) error {
+	per := int64(len(buf) / 8)
+	for pos := int64(0); pos < n; pos += per {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		k := min(per, n-pos)
+		chunk := buf[:k*8]
+		if _, err := f.ReadAt(chunk, off+pos*8); err != nil {
+			return fmt.Errorf("read %s: %w", name, err)
+		}
+		for i := range k {
+			w := int64(1)
+			if want != nil {
+				w = want[pos+i]
+			}
+			if got := int64(binary.LittleEndian.Uint64(chunk[i*8:])); got != w {
+				return wrong("%s differ from the dataset at position %d: file has %d, dataset %d", name, pos+i, got, w)
+			}
+		}
+	}
+	return nil
 }
 
 // checkOutputTensors requires exactly the four tensors of output layout v1, shaped for T tokens.
@@ -124,13 +212,48 @@ func checkOutputTensors(h *safetensors.Header, T int64) error {
 	return nil
 }
 
+// SampleSource is the dataset as Verify compares files with it: Sample returns the
+// sample's input_ids and loss_mask; nil ids mean a text sample (the server tokenised
+// it, so the file's ids are the truth), a nil mask all ones.
+type SampleSource interface {
+	Len() int
+	Sample(i int) (ids, mask []int64, err error)
+}
+
 // VerifyOptions controls Verify.
 type VerifyOptions struct {
-	// Deep recomputes every done file's crc32c instead of checking size and header only.
+	// Deep recomputes every done file's crc32c instead of checking size and header
+	// only, and with Expect also compares its tokens with the dataset's.
 	Deep bool
 	// Repair sends missing and corrupt samples back to pending (removing a corrupt
-	// file), adopts valid orphans, and removes temp files.
+	// file), adopts orphans that pass every check (deep ones included), and removes
+	// the mover's temp files.
 	Repair bool
+	// Expect is the job's dataset; nil skips the token checks. With it, Deep compares
+	// each file's token count, input_ids and loss_mask with the dataset's byte for byte.
+	Expect SampleSource
+	// HiddenSize and Layers are the job's width and effective layers_to_capture
+	// ("2,30,58"); each file must match them. Zero values skip the check.
+	HiddenSize int
+	Layers     string
+}
+
+// want is what sample s's file must hold under opt; it reads the dataset only when the
+// check is deep, since only then are the tokens compared.
+func (opt VerifyOptions) want(s int, deep bool) (*fileWant, error) {
+	w := &fileWant{hidden: opt.HiddenSize, layers: opt.Layers}
+	if !deep || opt.Expect == nil {
+		return w, nil
+	}
+	if s >= opt.Expect.Len() {
+		return nil, fmt.Errorf("sample %d: beyond the dataset's %d samples", s, opt.Expect.Len())
+	}
+	ids, mask, err := opt.Expect.Sample(s)
+	if err != nil {
+		return nil, fmt.Errorf("verify sample %d: read dataset: %w", s, err)
+	}
+	w.ids, w.mask, w.haveIDs, w.haveSample = ids, mask, ids != nil, true
+	return w, nil
 }
 
 // VerifyReport counts what Verify found.
@@ -182,7 +305,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		r := done[s]
 		rep.Checked++
 		path := OutputPath(outputDir, s)
-		reason, missing, err := checkDone(ctx, path, r, total, meta, haveMeta, opt.Deep, buf)
+		reason, missing, err := checkDone(ctx, path, r, total, meta, haveMeta, opt, buf)
 		if err != nil {
 			return rep, err
 		}
@@ -260,7 +383,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				rep.problem("sample %d: %s: orphan, not done in the index", s, rel)
 				continue
 			}
-			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, outputDir, buf)
+			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, outputDir, opt, buf)
 			if err != nil {
 				return rep, err
 			}
@@ -289,9 +412,13 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 
 // checkDone checks one done record's file. It returns why the file fails, and whether
 // it is missing; err is reserved for cancellation.
-func checkDone(ctx context.Context, path string, r Record, total int, meta Meta, haveMeta, deep bool, buf []byte) (reason string, missing bool, err error) {
+func checkDone(ctx context.Context, path string, r Record, total int, meta Meta, haveMeta bool, opt VerifyOptions, buf []byte) (reason string, missing bool, err error) {
 	if r.Sample >= total {
 		return fmt.Sprintf("done record beyond the dataset's %d samples", total), false, nil
+	}
+	want, err := opt.want(r.Sample, opt.Deep)
+	if err != nil {
+		return "", false, err
 	}
 	st, err := os.Stat(path)
 	if os.IsNotExist(err) {
@@ -303,7 +430,7 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 	if st.Size() != r.Bytes {
 		return fmt.Sprintf("size %d, index recorded %d", st.Size(), r.Bytes), false, nil
 	}
-	info, err := readOutput(ctx, path, deep, buf)
+	info, err := readOutput(ctx, path, opt.Deep, want, buf)
 	if ctx.Err() != nil {
 		return "", false, fmt.Errorf("verify sample %d: %w", r.Sample, ctx.Err())
 	}
@@ -314,15 +441,34 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 		return fmt.Sprintf("metadata names sample %d", info.Sample), false, nil
 	case info.CRC32C != r.CRC32C:
 		return fmt.Sprintf("crc32c %08x in metadata, index recorded %08x", info.CRC32C, r.CRC32C), false, nil
-	case haveMeta && info.DatasetFingerprint != meta.DatasetFingerprint:
-		return fmt.Sprintf("dataset fingerprint %q, index has %q", info.DatasetFingerprint, meta.DatasetFingerprint), false, nil
+	}
+	if haveMeta {
+		if why := fingerprintsDiffer(info, meta); why != "" {
+			return why, false, nil
+		}
 	}
 	return "", false, nil
 }
 
+// fingerprintsDiffer says why a file was not made by the index's job: another dataset,
+// or another config (model, width, layer set). A file without a config fingerprint
+// predates them and cannot show it was made under this config, so it fails too.
+func fingerprintsDiffer(info OutputInfo, meta Meta) string {
+	switch {
+	case info.DatasetFingerprint != meta.DatasetFingerprint:
+		return fmt.Sprintf("dataset fingerprint %q, index has %q", info.DatasetFingerprint, meta.DatasetFingerprint)
+	case info.ConfigFingerprint != meta.ConfigFingerprint:
+		return fmt.Sprintf("config fingerprint %q, index has %q (made under another model, width or layer set)", info.ConfigFingerprint, meta.ConfigFingerprint)
+	}
+	return ""
+}
+
 // adoptable decides whether an orphan may become a done record: only a file that passes
-// the deep check, sits where its sample belongs and comes from this index's dataset.
-func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, outputDir string, buf []byte) (Record, string, error) {
+// the deep check, sits where its sample belongs, names that sample, comes from this
+// index's dataset and config, and (with opt.Expect) holds the dataset's input_ids and
+// loss_mask byte for byte. A perfect file of another sample put in this one's place
+// fails the last check.
+func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, outputDir string, opt VerifyOptions, buf []byte) (Record, string, error) {
 	switch {
 	case !haveMeta:
 		return Record{}, "index has no job metadata to match its dataset fingerprint", nil
@@ -334,17 +480,22 @@ func adoptable(ctx context.Context, path string, s, total int, done map[int]Reco
 	if _, isDone := done[s]; isDone {
 		return Record{}, "sample already done from its own file", nil
 	}
-	info, err := readOutput(ctx, path, true, buf)
+	want, err := opt.want(s, true)
+	if err != nil {
+		return Record{}, "", err
+	}
+	info, err := readOutput(ctx, path, true, want, buf)
 	if ctx.Err() != nil {
 		return Record{}, "", fmt.Errorf("verify sample %d: %w", s, ctx.Err())
 	}
-	switch {
-	case err != nil:
+	if err != nil {
 		return Record{}, err.Error(), nil
-	case info.Sample != s:
+	}
+	if info.Sample != s {
 		return Record{}, fmt.Sprintf("metadata names sample %d", info.Sample), nil
-	case info.DatasetFingerprint != meta.DatasetFingerprint:
-		return Record{}, fmt.Sprintf("dataset fingerprint %q, index has %q", info.DatasetFingerprint, meta.DatasetFingerprint), nil
+	}
+	if why := fingerprintsDiffer(info, meta); why != "" {
+		return Record{}, why, nil
 	}
 	return Record{
 		Sample: s, State: StateDone, Attempt: attemptOf(info.RID), RID: info.RID,

@@ -28,7 +28,7 @@ func newJob(t *testing.T) *job {
 
 func (j *job) move(t *testing.T, sample int) Moved {
 	t.Helper()
-	moved, err := j.m.Move(context.Background(), writeDump(t, j.shm, dumpSpec{sample: sample}), expectFor(sample, 5))
+	moved, err := j.m.moveFile(context.Background(), writeDump(t, j.shm, dumpSpec{sample: sample}), expectFor(sample, 5))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestVerifyRepairRebuildsTheIndexFromTheFilesAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fresh.Close()
-	if err := fresh.Init(Meta{DatasetFingerprint: "fp-1", Total: 10}); err != nil {
+	if err := fresh.Init(Meta{DatasetFingerprint: "fp-1", ConfigFingerprint: "cfg-1", Total: 10}); err != nil {
 		t.Fatal(err)
 	}
 	rep, err := Verify(context.Background(), fresh, j.out, 10, VerifyOptions{Repair: true})
@@ -185,8 +185,8 @@ func TestVerifyRepairRebuildsTheIndexFromTheFilesAlone(t *testing.T) {
 
 func TestVerifyRepairDoesNotAdoptAnotherDatasetsFile(t *testing.T) {
 	j := newJob(t)
-	other, err := (&Mover{OutputDir: j.out}).Move(context.Background(), writeDump(t, j.shm, dumpSpec{sample: 8}),
-		Expect{Sample: 8, RID: ridOf(8, 1), InputIDs: idsOf(8, 5), DatasetFingerprint: "fp-other"})
+	other, err := (&Mover{OutputDir: j.out}).moveFile(context.Background(), writeDump(t, j.shm, dumpSpec{sample: 8}),
+		Expect{Sample: 8, RID: ridOf(8, 1), InputIDs: idsOf(8, 5), DatasetFingerprint: "fp-other", HiddenSize: 8, Layers: "2,30,58"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -622,10 +622,10 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 		return checkpoint.Moved{}, err
 	}
 	defer src.Close()
-	moved, err := j.mover.Move(ctx, d.Path, checkpoint.Expect{
+	moved, err := j.mover.Move(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
-		DatasetFingerprint: j.ds.Fingerprint,
-		HiddenSize:         j.cfg.HiddenSize(),
+		DatasetFingerprint: j.ds.Fingerprint, ConfigFingerprint: j.cfg.Fingerprint(),
+		HiddenSize: j.cfg.HiddenSize(), Layers: j.cfg.LayersString(), Model: j.cfg.ServedModel(),
 	})
 	if err != nil {
 		return moved, err

@@ -5,8 +5,11 @@ package safetensors
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"math"
+	"math/bits"
 	"sort"
 	"strings"
 )
@@ -55,7 +58,9 @@ type Tensor struct {
 // Len is the tensor's size in bytes.
 func (t Tensor) Len() int64 { return t.End - t.Begin }
 
-// Elements is the product of the shape.
+// Elements is the product of the shape. It cannot overflow for a tensor that ReadHeader
+// or EncodeHeader returned, since both check the shape's byte size; use ByteSize for a
+// shape from anywhere else.
 func (t Tensor) Elements() int64 {
 	n := int64(1)
 	for _, d := range t.Shape {
@@ -81,6 +86,42 @@ func (h *Header) Tensor(name string) (Tensor, bool) {
 		}
 	}
 	return Tensor{}, false
+}
+
+// ErrOverflow means a shape's byte size does not fit in an int64.
+var ErrOverflow = errors.New("byte size overflows int64")
+
+// mul is a*b for non-negative a and b, and false when the product exceeds MaxInt64.
+func mul(a, b int64) (int64, bool) {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(lo), true
+}
+
+// ByteSize is the number of bytes a tensor of dt and shape holds, by checked
+// multiplication: a shape such as [4, 2^61] of BF16 wraps to 0 bytes in plain int64
+// arithmetic and would pass for an empty tensor.
+func ByteSize(dt DType, shape []int64) (int64, error) {
+	n := dt.Size()
+	if n == 0 {
+		return 0, fmt.Errorf("unsupported dtype %q", dt)
+	}
+	// A zero dimension makes the tensor empty whatever the others are, but the others
+	// must still be sane, so check every dimension before multiplying.
+	for _, d := range shape {
+		if d < 0 {
+			return 0, fmt.Errorf("negative dimension in shape %v", shape)
+		}
+	}
+	for _, d := range shape {
+		var ok bool
+		if n, ok = mul(n, d); !ok {
+			return 0, fmt.Errorf("shape %v of %s: %w", shape, dt, ErrOverflow)
+		}
+	}
+	return n, nil
 }
 
 type jsonTensor struct {
@@ -125,16 +166,23 @@ func ReadHeader(r io.Reader, fileSize int64) (*Header, error) {
 			return nil, fmt.Errorf("tensor %q: %w", name, err)
 		}
 		t := Tensor{Name: name, DType: jt.DType, Shape: jt.Shape, Begin: jt.DataOffsets[0], End: jt.DataOffsets[1]}
-		if t.DType.Size() == 0 {
-			return nil, fmt.Errorf("tensor %q: unsupported dtype %q", name, t.DType)
-		}
+		// No dimension can exceed the file's size: a tensor that holds bytes has every
+		// dimension ≤ its byte count, and an empty one with a huge dimension is a trap
+		// for a reader that loops over it (T = 2^61 token rows of nothing).
 		for _, d := range t.Shape {
-			if d < 0 {
-				return nil, fmt.Errorf("tensor %q: negative dimension in shape %v", name, t.Shape)
+			if fileSize >= 0 && d > fileSize {
+				return nil, fmt.Errorf("tensor %q: dimension %d in shape %v exceeds the file's %d bytes", name, d, t.Shape, fileSize)
 			}
 		}
-		if t.Begin < 0 || t.End < t.Begin || t.Elements()*t.DType.Size() != t.Len() {
+		n, err := ByteSize(t.DType, t.Shape)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		if t.Begin < 0 || t.End < t.Begin || t.Len() != n {
 			return nil, fmt.Errorf("tensor %q: offsets [%d,%d] do not hold shape %v of %s", name, t.Begin, t.End, t.Shape, t.DType)
+		}
+		if fileSize >= 0 && t.End > fileSize-h.DataStart {
+			return nil, fmt.Errorf("tensor %q: offsets [%d,%d] end beyond the file's %d data bytes (truncated file or bad offsets)", name, t.Begin, t.End, fileSize-h.DataStart)
 		}
 		h.Tensors = append(h.Tensors, t)
 	}
@@ -146,7 +194,7 @@ func ReadHeader(r io.Reader, fileSize int64) (*Header, error) {
 		}
 		at = t.End
 	}
-	if fileSize >= 0 && h.DataStart+at != fileSize {
+	if fileSize >= 0 && at != fileSize-h.DataStart {
 		return nil, fmt.Errorf("file is %d bytes, header describes %d (truncated or trailing bytes)", fileSize, h.DataStart+at)
 	}
 	return h, nil
@@ -167,11 +215,14 @@ func EncodeHeader(specs []Spec, metadata map[string]string) ([]byte, []Tensor, e
 	tensors := make([]Tensor, 0, len(specs))
 	var at int64
 	for i, s := range specs {
-		if s.DType.Size() == 0 {
-			return nil, nil, fmt.Errorf("tensor %q: unsupported dtype %q", s.Name, s.DType)
+		n, err := ByteSize(s.DType, s.Shape)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", s.Name, err)
 		}
-		t := Tensor{Name: s.Name, DType: s.DType, Shape: s.Shape, Begin: at}
-		t.End = at + t.Elements()*s.DType.Size()
+		if n > math.MaxInt64-at {
+			return nil, nil, fmt.Errorf("tensor %q: data section past %d bytes: %w", s.Name, at, ErrOverflow)
+		}
+		t := Tensor{Name: s.Name, DType: s.DType, Shape: s.Shape, Begin: at, End: at + n}
 		at = t.End
 		tensors = append(tensors, t)
 		js, err := json.Marshal(jsonTensor{DType: s.DType, Shape: nonNil(s.Shape), DataOffsets: [2]int64{t.Begin, t.End}})

@@ -97,6 +97,9 @@ var noise = func() []byte {
 	return b
 }()
 
+// benchLayers is the layers_to_capture the bench dumps carry and the mover expects.
+const benchLayers = "2,30,58"
+
 // dumpBytes is the size of a protocol v1 dump body: 3 aux layers and the final one in
 // bf16, plus the int64 input ids.
 func dumpBytes(tokens, hidden int) int64 {
@@ -112,7 +115,7 @@ func writeDump(dir string, sample, tokens, hidden int) (string, error) {
 		{Name: "aux_hidden_state", DType: safetensors.BF16, Shape: []int64{T, 3 * H}},
 		{Name: "hidden_state", DType: safetensors.BF16, Shape: []int64{T, H}},
 		{Name: "input_ids", DType: safetensors.I64, Shape: []int64{T}},
-	}, map[string]string{"rid": rid.String(), "protocol": "1", "layers": "2,30,58", "model": "bench", "hook_version": "bench-1"})
+	}, map[string]string{"rid": rid.String(), "protocol": "1", "layers": benchLayers, "model": "bench", "hook_version": "bench-1"})
 	if err != nil {
 		return "", err
 	}

@@ -107,10 +107,15 @@ func moveAll(dumps []string, out string, movers int, tokens, hidden int, ix *che
 				if sampleTokens != nil {
 					t = sampleTokens(rid.Sample)
 				}
-				moved, err := m.Move(context.Background(), p, checkpoint.Expect{
-					Sample: rid.Sample, RID: rid.String(), InputIDs: sampleIDs(rid.Sample, t),
-					DatasetFingerprint: "bench", HiddenSize: hidden,
-				})
+				var moved checkpoint.Moved
+				src, err := os.Open(p)
+				if err == nil {
+					moved, err = m.Move(context.Background(), src, p, checkpoint.Expect{
+						Sample: rid.Sample, RID: rid.String(), InputIDs: sampleIDs(rid.Sample, t),
+						DatasetFingerprint: "bench", HiddenSize: hidden, Layers: benchLayers,
+					})
+					src.Close()
+				}
 				if err == nil && ix != nil {
 					err = ix.CommitDone(checkpoint.Record{
 						Sample: rid.Sample, State: checkpoint.StateDone, Attempt: rid.Attempt, RID: rid.String(),
