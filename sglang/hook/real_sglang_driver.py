@@ -121,13 +121,40 @@ class _StubLoader(importlib.abc.Loader):
         pass
 
 
+# SGLang's own heavy dependencies: stand-ins even where installed (a GPU box has some
+# of them), so that every machine runs the same code.
+ALWAYS_STUB = ("transformers", "sgl_kernel", "flashinfer", "vllm", "deep_gemm", "xgrammar", "outlines", "msgspec", "zmq", "fastapi", "uvicorn", "pydantic", "orjson", "mooncake", "nixl", "torch_memory_saver", "compressed_tensors", "quack", "flash_attn", "tilelang", "huggingface_hub", "tokenizers")
+
+
+class _AlwaysStubFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname.split(".")[0] in ALWAYS_STUB:
+            _StubFinder.STUBBED.append(fullname)
+            return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
+        return None
+
+
+def _imported_by_sglang():
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith("<frozen"):
+        frame = frame.f_back
+    return frame is not None and os.sep + "sglang" + os.sep in frame.f_code.co_filename
+
+
 class _StubFinder(importlib.abc.MetaPathFinder):
     """Last on sys.meta_path: whatever nothing else finds is a stand-in."""
 
     STUBBED = []
 
     def find_spec(self, fullname, path, target=None):
-        if fullname.split(".")[0] in ("torch", "numpy", "extract_hook", "json", "sitecustomize"):
+        top = fullname.split(".")[0]
+        if top in ("torch", "numpy", "extract_hook", "json", "sitecustomize"):
+            return None
+        if top != "sglang" and top in sys.modules and not isinstance(sys.modules[top], _MagicModule):
+            # A missing submodule of a real package: let the import fail as it would.
+            return None
+        if top != "sglang" and not _imported_by_sglang():
+            # torch's and other libraries' optional imports fail as they would.
             return None
         self.STUBBED.append(fullname)
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
@@ -158,6 +185,7 @@ def main():
 
     # After torch, so that its own optional imports see what really is installed.
     sys.meta_path.append(_StubFinder())
+    sys.meta_path.insert(0, _AlwaysStubFinder())
 
     from extract_hook import capture, seams
 

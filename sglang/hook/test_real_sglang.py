@@ -79,7 +79,7 @@ class RealSGLangTest(unittest.TestCase):
             [PYTHON, os.path.join(HOOK_DIR, "real_sglang_driver.py"), os.path.join(SRC, version, "python"), os.path.join(tmp, "spec.json")],
             capture_output=True, text=True, env=env, timeout=300,
         )
-        self.assertEqual(proc.returncode, 0, proc.stderr[-4000:])
+        self.assertEqual(proc.returncode, 0, proc.stderr[-6000:])
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         self.assertNotIn("error", out)
         return out, dump_dir, expect_dir
