@@ -288,8 +288,26 @@ func (s ServerInfo) CheckCapture(spec LaunchSpec) error {
 	if s.ModelPath != spec.ModelPath {
 		bad = append(bad, fmt.Sprintf("model_path is %q, the config says %q: fix server.model_path or relaunch the server", s.ModelPath, spec.ModelPath))
 	}
-	if got, ok := s.Raw["layers_to_capture"].([]any); ok && !sameLayers(got, spec.Layers) {
-		bad = append(bad, fmt.Sprintf("layers_to_capture is %v, the config says %v: fix server.layers or relaunch the server", got, spec.Layers))
+	// The rest as /get_server_info really returns them: every ServerArgs field
+	// (dataclasses.asdict), so a field this SGLang lacks is simply absent. There is no
+	// layers_to_capture there; the hook's marker carries the effective layers.
+	if v, ok := s.Raw["enable_dp_attention"].(bool); ok && v {
+		bad = append(bad, "DP attention is on (TP rank 0 holds only its DP group's rows): relaunch without --enable-dp-attention")
+	}
+	if v, ok := s.Raw["pp_size"].(float64); ok && v != 1 {
+		bad = append(bad, fmt.Sprintf("pp_size is %g: relaunch with --pp-size 1", v))
+	}
+	if v, ok := s.Raw["attn_cp_size"].(float64); ok && v != 1 {
+		bad = append(bad, fmt.Sprintf("attn_cp_size is %g: relaunch with --attn-cp-size 1", v))
+	}
+	if v, ok := s.Raw["speculative_algorithm"].(string); ok && v != "" {
+		bad = append(bad, fmt.Sprintf("speculative decoding (%s) is on: relaunch without --speculative-algorithm", v))
+	}
+	if v, ok := s.Raw["enable_attn_tp_input_scattered"].(bool); ok && v {
+		bad = append(bad, "attention TP input scattering is on: relaunch without --enable-attn-tp-input-scattered")
+	}
+	if what, on := prefillGraphs(s.Raw); on {
+		bad = append(bad, what+" on (a replayed prefill graph skips the capture): relaunch without the flag that turned it on")
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("server (version %q) cannot capture hidden states as configured:\n  - %s", s.Version, strings.Join(bad, "\n  - "))
@@ -297,14 +315,35 @@ func (s ServerInfo) CheckCapture(spec LaunchSpec) error {
 	return nil
 }
 
-func sameLayers(got []any, want []int) bool {
-	if len(got) != len(want) {
-		return false
-	}
-	for i, g := range got {
-		if f, ok := g.(float64); !ok || int(f) != want[i] {
-			return false
+// prefillGraphs reads whichever prefill CUDA graph setting this SGLang reports:
+// cuda_graph_config.prefill.backend (v0.5.15 and later), disable_piecewise_cuda_graph
+// (#16331, graphs on by default) or enable_piecewise_cuda_graph (before).
+func prefillGraphs(raw map[string]any) (string, bool) {
+	if cfg, ok := raw["cuda_graph_config"].(map[string]any); ok {
+		if prefill, ok := cfg["prefill"].(map[string]any); ok {
+			if backend, ok := prefill["backend"].(string); ok {
+				return fmt.Sprintf("prefill CUDA graph backend %q", backend), backend != "disabled"
+			}
 		}
 	}
-	return true
+	if v, ok := raw["disable_piecewise_cuda_graph"].(bool); ok {
+		return "piecewise CUDA graphs", !v
+	}
+	v, _ := raw["enable_piecewise_cuda_graph"].(bool)
+	return "piecewise CUDA graphs", v
+}
+
+// HookRefusal finds the dump hook's refusal in a server's log tail: the line the hook
+// prints (prefixed "extract-hook: FATAL: ") when a seam is missing or a setting breaks
+// capture, before any weights load. The server then exits 3; extract should show the
+// line and exit 3 (preflight refused) instead of restarting the server.
+func HookRefusal(logTail string) (string, bool) {
+	const prefix = "extract-hook: FATAL: "
+	lines := strings.Split(logTail, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if at := strings.Index(lines[i], prefix); at >= 0 {
+			return strings.TrimSpace(lines[i][at:]), true
+		}
+	}
+	return "", false
 }

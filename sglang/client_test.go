@@ -224,7 +224,6 @@ func TestCheckCaptureListsEveryViolationWithItsFix(t *testing.T) {
 		{"two-batch overlap on", func(s *ServerInfo) { s.EnableTwoBatchOverlap = true }, []string{"--enable-two-batch-overlap"}},
 		{"another model", func(s *ServerInfo) { s.ModelPath = "/models/other" }, []string{`model_path is "/models/other"`}},
 		{"another tp size", func(s *ServerInfo) { s.TPSize = 4 }, []string{"tp_size is 4"}},
-		{"other captured layers", func(s *ServerInfo) { s.Raw = map[string]any{"layers_to_capture": []any{1.0, 29.0, 57.0}} }, []string{"layers_to_capture"}},
 		{"everything wrong at once", func(s *ServerInfo) {
 			*s = ServerInfo{ModelPath: "x", TPSize: 1, ChunkedPrefillSize: 4096, EnableTwoBatchOverlap: true}
 		}, []string{"radix", "chunked", "two-batch", "model_path", "tp_size"}},
@@ -243,5 +242,51 @@ func TestCheckCaptureListsEveryViolationWithItsFix(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCheckCaptureReadsTheFieldsServerInfoReallyReturns(t *testing.T) {
+	spec := LaunchSpec{TPSize: 8, ModelPath: "/m"}
+	base := func() map[string]any {
+		return map[string]any{"disable_radix_cache": true, "chunked_prefill_size": -1.0, "tp_size": 8.0, "model_path": "/m"}
+	}
+	for _, tc := range []struct {
+		name string
+		set  map[string]any
+		want string
+	}{
+		{"DP attention", map[string]any{"enable_dp_attention": true}, "DP attention"},
+		{"pipeline parallel", map[string]any{"pp_size": 2.0}, "--pp-size 1"},
+		{"speculative decoding", map[string]any{"speculative_algorithm": "EAGLE3"}, "speculative"},
+		{"piecewise graphs at the pinned commit", map[string]any{"enable_piecewise_cuda_graph": true}, "piecewise"},
+		{"piecewise graphs on by default after #16331", map[string]any{"disable_piecewise_cuda_graph": false}, "piecewise"},
+		{"a prefill graph backend at v0.5.15", map[string]any{"cuda_graph_config": map[string]any{"prefill": map[string]any{"backend": "tc_piecewise"}}}, "tc_piecewise"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			raw := base()
+			for k, v := range tc.set {
+				raw[k] = v
+			}
+			info := ServerInfo{TPSize: 8, ModelPath: "/m", DisableRadixCache: true, ChunkedPrefillSize: -1, Raw: raw}
+			if err := info.CheckCapture(spec); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("CheckCapture = %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+	ok := ServerInfo{TPSize: 8, ModelPath: "/m", DisableRadixCache: true, ChunkedPrefillSize: -1, Raw: base()}
+	ok.Raw["disable_piecewise_cuda_graph"] = true
+	if err := ok.CheckCapture(spec); err != nil {
+		t.Errorf("a capture-ready server refused: %v", err)
+	}
+}
+
+func TestHookRefusalFindsTheHooksFatalLineInTheLogTail(t *testing.T) {
+	tail := "INFO loading\n[2026-11-30] ERROR extract-hook: FATAL: the dump hook cannot capture hidden states: radix cache is on\nTraceback ..."
+	line, ok := HookRefusal(tail)
+	if !ok || line != "extract-hook: FATAL: the dump hook cannot capture hidden states: radix cache is on" {
+		t.Errorf("HookRefusal = %q, %v", line, ok)
+	}
+	if _, ok := HookRefusal("INFO The server is fired up and ready to roll!"); ok {
+		t.Error("a clean log reported as a refusal")
 	}
 }

@@ -3,6 +3,7 @@ package sglang
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -59,18 +60,78 @@ type SimulatorSpec struct {
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
-// sets), mapped to why. argparse accepts unique prefixes, so prefixes are refused too.
-var captureBreakers = []struct{ flag, why string }{
-	{"--chunked-prefill-size", "chunked prefill must stay off (Argv sets -1)"},
-	{"--enable-two-batch-overlap", "two-batch overlap breaks capture"},
-	{"--enable-radix-cache", "radix cache must stay off (a cache hit drops rows)"},
-	{"--disable-radix-cache", "Argv sets it already"},
-	{"--model-path", "set server.model_path instead"},
-	{"--tp-size", "set server.tp_size instead"},
-	{"--tensor-parallel-size", "set server.tp_size instead"},
-	{"--host", "set server.host instead"},
-	{"--port", "set server.port instead"},
-	{"--mem-fraction-static", "set server.mem_fraction instead"},
+// sets), mapped to why: the same settings the dump hook refuses at launch, refused here
+// in seconds, before a server process exists. argparse accepts unique prefixes, so
+// prefixes are refused too. ok, where set, names the one value that is harmless.
+var captureBreakers = []struct {
+	flag, why string
+	ok        string
+}{
+	{flag: "--chunked-prefill-size", why: "chunked prefill must stay off (Argv sets -1)"},
+	{flag: "--enable-two-batch-overlap", why: "two-batch overlap runs the MoE layers outside the capture loop"},
+	{flag: "--disable-radix-cache", why: "Argv sets it already (a radix cache hit drops the cached prefix's rows)"},
+	{flag: "--enable-dp-attention", why: "with DP attention TP rank 0 holds only its own DP group's rows"},
+	{flag: "--pp-size", why: "pipeline parallel leaves no rank with both the captured layers and the final hidden states", ok: "1"},
+	{flag: "--pipeline-parallel-size", why: "pipeline parallel leaves no rank with both the captured layers and the final hidden states", ok: "1"},
+	{flag: "--attn-cp-size", why: "attention context parallel splits the tokens across ranks", ok: "1"},
+	{flag: "--enable-attn-tp-input-scattered", why: "prefill rows would be split across TP ranks"},
+	{flag: "--speculative-algorithm", why: "speculative decoding drives the same capture from its draft and verify passes"},
+	{flag: "--speculative-draft-model-path", why: "speculative decoding drives the same capture from its draft and verify passes"},
+	// Prefill CUDA graphs replay without the Python capture. The hook turns them off by
+	// default on every SGLang that has them (#16331 made piecewise graphs default on);
+	// these flags would turn them back on.
+	{flag: "--enable-piecewise-cuda-graph", why: "a replayed prefill graph skips the capture"},
+	{flag: "--enforce-piecewise-cuda-graph", why: "a replayed prefill graph skips the capture"},
+	{flag: "--cuda-graph-backend-prefill", why: "a replayed prefill graph skips the capture", ok: "disabled"},
+	{flag: "--model-path", why: "set server.model_path instead"},
+	{flag: "--tp-size", why: "set server.tp_size instead"},
+	{flag: "--tensor-parallel-size", why: "set server.tp_size instead"},
+	{flag: "--host", why: "set server.host instead"},
+	{flag: "--port", why: "set server.port instead"},
+	{flag: "--mem-fraction-static", why: "set server.mem_fraction instead"},
+}
+
+// extraArgProblems lists the extra args that captureBreakers refuses. A flag's value is
+// the "=value" part or the next argument.
+func extraArgProblems(args []string) []string {
+	var bad []string
+	for i, a := range args {
+		name, value, hasValue := strings.Cut(a, "=")
+		if !strings.HasPrefix(name, "--") || len(name) <= 2 {
+			continue
+		}
+		if !hasValue && i+1 < len(args) && !strings.HasPrefix(args[i+1], "--") {
+			value = args[i+1]
+		}
+		for _, b := range captureBreakers {
+			if !strings.HasPrefix(b.flag, name) {
+				continue
+			}
+			if b.ok != "" && name == b.flag && value == b.ok {
+				break
+			}
+			bad = append(bad, fmt.Sprintf("extra arg %q is not allowed: %s", a, b.why))
+			break
+		}
+		if name == "--cuda-graph-config" && prefillGraphsOn(value) {
+			bad = append(bad, fmt.Sprintf("extra arg %q is not allowed: a prefill backend other than \"disabled\" replays graphs that skip the capture", a))
+		}
+	}
+	return bad
+}
+
+// prefillGraphsOn says whether a --cuda-graph-config JSON value turns a prefill CUDA
+// graph on; a value that does not parse counts as on.
+func prefillGraphsOn(value string) bool {
+	var cfg struct {
+		Prefill *struct {
+			Backend *string `json:"backend"`
+		} `json:"prefill"`
+	}
+	if err := json.Unmarshal([]byte(value), &cfg); err != nil {
+		return true
+	}
+	return cfg.Prefill != nil && cfg.Prefill.Backend != nil && *cfg.Prefill.Backend != "disabled"
 }
 
 func (s LaunchSpec) validate() error {
@@ -98,18 +159,7 @@ func (s LaunchSpec) validate() error {
 	}
 	switch s.Kind {
 	case KindSGLang:
-		for _, a := range s.ExtraArgs {
-			name, _, _ := strings.Cut(a, "=")
-			if !strings.HasPrefix(name, "--") || len(name) <= 2 {
-				continue
-			}
-			for _, b := range captureBreakers {
-				if strings.HasPrefix(b.flag, name) {
-					bad = append(bad, fmt.Sprintf("extra arg %q is not allowed: %s", a, b.why))
-					break
-				}
-			}
-		}
+		bad = append(bad, extraArgProblems(s.ExtraArgs)...)
 	case KindSimulator:
 		if s.Simulator.Executable == "" {
 			bad = append(bad, "simulator executable is empty")

@@ -75,6 +75,22 @@ func TestArgvAlwaysCarriesTheCaptureFlags(t *testing.T) {
 	}
 }
 
+func TestArgvAllowsTheHarmlessValuesOfCaptureFlags(t *testing.T) {
+	for _, extra := range [][]string{
+		{"--pp-size", "1"},
+		{"--attn-cp-size=1"},
+		{"--cuda-graph-backend-prefill", "disabled"},
+		{`--cuda-graph-config={"decode":{"backend":"full"},"prefill":{"backend":"disabled"}}`},
+		{"--trust-remote-code"},
+	} {
+		s := sglangSpec()
+		s.ExtraArgs = extra
+		if _, err := s.Argv(); err != nil {
+			t.Errorf("extra args %q refused: %v", extra, err)
+		}
+	}
+}
+
 func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -85,7 +101,18 @@ func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
 		{"two-batch overlap", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-two-batch-overlap"} }, "two-batch overlap"},
 		{"chunked prefill back on", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--chunked-prefill-size=8192"} }, "chunked prefill"},
 		{"chunked prefill by an argparse prefix", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--chunked-prefill", "8192"} }, "chunked prefill"},
-		{"radix cache back on", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-radix-cache"} }, "radix cache"},
+		{"radix cache flag given twice", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--disable-radix-cache"} }, "radix cache"},
+		{"DP attention", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-dp-attention"} }, "DP attention"},
+		{"pipeline parallel of two", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--pp-size", "2"} }, "pipeline parallel"},
+		{"pipeline parallel by its long name", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--pipeline-parallel-size=2"} }, "pipeline parallel"},
+		{"speculative decoding", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--speculative-algorithm", "EAGLE3"} }, "speculative decoding"},
+		{"piecewise CUDA graphs on (pinned commit)", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-piecewise-cuda-graph"} }, "prefill graph"},
+		{"piecewise CUDA graphs enforced (#16331 and later)", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enforce-piecewise-cuda-graph"} }, "prefill graph"},
+		{"a prefill CUDA graph backend (v0.5.15 and later)", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--cuda-graph-backend-prefill", "tc_piecewise"} }, "prefill graph"},
+		{"a prefill CUDA graph in the JSON config", sglangSpec, func(s *LaunchSpec) {
+			s.ExtraArgs = []string{`--cuda-graph-config={"prefill":{"backend":"breakable"}}`}
+		}, "prefill backend"},
+		{"attention TP input scattering", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--enable-attn-tp-input-scattered"} }, "split across TP ranks"},
 		{"port through extra args", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--port", "1"} }, "server.port"},
 		{"tp size by its long name", sglangSpec, func(s *LaunchSpec) { s.ExtraArgs = []string{"--tensor-parallel-size", "4"} }, "server.tp_size"},
 		{"unknown kind", sglangSpec, func(s *LaunchSpec) { s.Kind = "vllm" }, `kind "vllm"`},

@@ -25,6 +25,16 @@ STUB = {
     "sglang/srt/layers/__init__.py": "",
     "sglang/srt/managers/__init__.py": "",
     "sglang/srt/model_executor/__init__.py": "",
+    "sglang/srt/server_args.py": """
+        import dataclasses
+
+        @dataclasses.dataclass
+        class ServerArgs:
+            model_path: str = ""
+
+            def __post_init__(self):
+                pass
+    """,
     "sglang/srt/layers/logits_processor.py": """
         class LogitsProcessor:
             def forward(self, input_ids, hidden_states, lm_head, logits_metadata, {aux}):
@@ -58,12 +68,13 @@ STUB = {
         @dataclasses.dataclass
         class ForwardBatch:
             forward_mode: object
+            input_ids: object = None
             extend_seq_lens_cpu: list = None
             extend_prefix_lens_cpu: list = None
 
             @classmethod
             def init_new(cls, batch, model_runner):
-                return cls(batch.forward_mode, batch.extend_seq_lens, batch.extend_prefix_lens)
+                return cls(batch.forward_mode, None, batch.extend_seq_lens, batch.extend_prefix_lens)
     """,
     "sglang/srt/model_executor/model_runner.py": """
         from sglang.srt.layers.logits_processor import LogitsProcessor
@@ -151,7 +162,10 @@ if "error" not in out:
             ("list", [a.to(dev) for a in aux], ids.to(dev)),
             ("packed", torch.cat(aux, dim=1).to(dev), ids.to(torch.int32).to(dev)),
         ):
-            LogitsProcessor().forward(ids_arg, hidden.to(dev), None, fb, aux_arg)
+            # The hook reads the flat ids from the ForwardBatch (None at the logits
+            # processor for Kimi-K2.5).
+            fb.input_ids = ids_arg
+            LogitsProcessor().forward(None, hidden.to(dev), None, fb, aux_arg)
             capture.flush()
             got = {}
             start = 4
@@ -272,7 +286,7 @@ class SeamsTest(unittest.TestCase):
         self.assertEqual(out["loaded"], [])
         for want in ("--disable-radix-cache", "--chunked-prefill-size -1", "two-batch overlap"):
             self.assertIn(want, out["error"])
-        self.assertIn("ERROR extract dump hook cannot capture", log)
+        self.assertIn("ERROR extract-hook: FATAL: the dump hook cannot capture", log)
         self.assertIsNone(self.marker())
 
     def test_a_missing_seam_fails_at_activation(self):
