@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"time"
 
@@ -41,6 +40,9 @@ type RunOptions struct {
 	Fresh  bool
 	// Executable is this binary, launched as the simulator for server.kind simulator.
 	Executable string
+	// ConfigFile is the config file the job was loaded from, if any; doctor warns when
+	// it lives where a reboot wipes it.
+	ConfigFile string
 	Log        *slog.Logger
 	// OnStatus, when set, is called with each status snapshot (about once a second).
 	OnStatus func(Status)
@@ -79,11 +81,8 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	defer ds.Close()
 	res.Total = ds.Len()
-	for _, dir := range []string{cfg.OutputDir, cfg.StateDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			// The node is not fit to run, as doctor says of the same dir (exit 3).
-			return res, fmt.Errorf("%w: create %s: %v", ErrPreflight, dir, err)
-		}
+	if err := makeJobDirs(cfg); err != nil {
+		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
 	}
 	lock, err := AcquireLock(cfg.StateDir)
 	var held *HeldError
@@ -108,7 +107,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 		return res, err
 	}
 	// The same triage as `extract doctor`, before any GPU time is spent.
-	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log})
+	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
 	if err != nil {
 		return res, err
 	}

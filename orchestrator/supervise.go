@@ -41,6 +41,11 @@ func (j *job) startServer(ctx context.Context, restart bool) error {
 		if errors.Is(err, sglang.ErrPortTaken) {
 			return fmt.Errorf("%w: %v", ErrPreflight, err)
 		}
+		if line, ok := sglang.HookRefusal(err.Error()); ok {
+			// The hook refused this SGLang or its settings before loading weights: a
+			// restart would only refuse again.
+			return fmt.Errorf("%w: the server exited at start: %s (see %s)", ErrPreflight, line, j.mgr.LogPath())
+		}
 		return fmt.Errorf("%w: start server: %v", ErrTemporary, err)
 	}
 	j.server = ServerStatus{State: "ready", PID: srv.PID, Adopted: srv.Adopted, Restarts: j.server.Restarts, HookVersion: j.server.HookVersion}

@@ -51,7 +51,7 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 	if err != nil {
 		return fmt.Errorf("find own executable: %w", err)
 	}
-	opt.Executable, opt.Log = exe, log
+	opt.Executable, opt.Log, opt.ConfigFile = exe, log, cf.file
 	res, err := orchestrator.Run(cmd.Context(), cfg, opt)
 	out := cmd.OutOrStdout()
 	if err != nil {
