@@ -79,6 +79,8 @@ type Simulator struct {
 	Fail503Every    int           `mapstructure:"fail_503_every"`
 	CorruptEvery    int           `mapstructure:"corrupt_every"`
 	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
+	// RequestLog is a file the simulator appends the rid of every request to (tests).
+	RequestLog string `mapstructure:"request_log"`
 }
 
 // Run tunes the pipeline.

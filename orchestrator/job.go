@@ -208,6 +208,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			Fail503Every:    s.Simulator.Fail503Every,
 			CorruptEvery:    s.Simulator.CorruptEvery,
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
+			RequestLog:      s.Simulator.RequestLog,
 		},
 	}
 }
@@ -283,6 +284,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	loopErr := j.loop(ctx)
 	j.finishMoves()
 	j.workers.stop()
+	j.countWatcherFindings()
 	j.publish()
 	j.writeProgress()
 

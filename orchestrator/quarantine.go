@@ -67,25 +67,38 @@ func (q *quarantine) queueHeld() {
 	}
 }
 
-// run copies held dumps until ctx ends; what is left stays held for the next run.
+// run copies held dumps until ctx ends, then the ones already queued: a run that ends
+// leaves its staging dir clean. A crash leaves them held for the next run.
 func (q *quarantine) run(ctx context.Context) error {
 	used := dirBytes(q.dir)
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			for {
+				select {
+				case held := <-q.jobs:
+					used += q.process(held, quarantineMax-used)
+				default:
+					return nil
+				}
+			}
 		case held := <-q.jobs:
-			n, err := q.keep(held, quarantineMax-used)
-			used += n
-			if err != nil {
-				q.drop(held, err.Error())
-				continue
-			}
-			if err := os.Remove(held); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				q.log.Warn("remove quarantined dump from staging", "file", held, "err", err)
-			}
+			used += q.process(held, quarantineMax-used)
 		}
 	}
+}
+
+// process keeps one held dump if it fits in room, and removes its held name either way.
+func (q *quarantine) process(held string, room int64) int64 {
+	n, err := q.keep(held, room)
+	if err != nil {
+		q.drop(held, err.Error())
+		return 0
+	}
+	if err := os.Remove(held); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		q.log.Warn("remove quarantined dump from staging", "file", held, "err", err)
+	}
+	return n
 }
 
 // keep copies a held dump into the quarantine dir if it fits in room bytes.

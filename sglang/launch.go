@@ -57,6 +57,7 @@ type SimulatorSpec struct {
 	Fail503Every    int
 	CorruptEvery    int
 	LateDumpDelay   time.Duration
+	RequestLog      string
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -202,6 +203,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
 			{"--corrupt-every", sim.CorruptEvery != 0, strconv.Itoa(sim.CorruptEvery)},
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
+			{"--request-log", sim.RequestLog != "", sim.RequestLog},
 		} {
 			if f.set {
 				argv = append(argv, f.name, f.val)

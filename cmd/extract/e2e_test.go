@@ -36,7 +36,12 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	extractBin = filepath.Join(dir, "extract")
-	build := exec.Command("go", "build", "-o", extractBin, ".")
+	args := []string{"build", "-o", extractBin}
+	if raceBuild {
+		// The subprocesses are where the concurrency is: race-check them too.
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build extract:", err)
@@ -122,6 +127,7 @@ disk:
 		"EXTRACT_SERVER_SIMULATOR_HIDDEN_SIZE="+strconv.Itoa(j.hidden),
 		"EXTRACT_SERVER_SIMULATOR_TOKENS_PER_SECOND="+strconv.Itoa(tokensPerSecond),
 		"EXTRACT_STATUS_LISTEN=127.0.0.1:0",
+		"EXTRACT_SERVER_SIMULATOR_REQUEST_LOG="+j.requestLog(),
 	)
 	t.Cleanup(func() {
 		stopRecordedServer(j.state)
@@ -130,14 +136,20 @@ disk:
 	return j
 }
 
+// freePort picks a free port below the kernel's ephemeral range (32768 and up), so that
+// no outgoing connection of another test can take it between this check and the launch.
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 1000 {
+		port := 20000 + rand.Intn(12000)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err == nil {
+			ln.Close()
+			return port
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port in 20000..31999")
+	return 0
 }
 
 // stopRecordedServer kills the server a test left behind, by its recorded process group.
@@ -282,6 +294,21 @@ func (j *job) checkFile(path string, idx int, s sample) error {
 	return nil
 }
 
+// requestLog is where the simulator appends the rid of every request it receives.
+func (j *job) requestLog() string { return filepath.Join(j.dir, "requests.log") }
+
+// requests lists the rids the simulator received, across every server of the job.
+func (j *job) requests() []string {
+	b, err := os.ReadFile(j.requestLog())
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	return strings.Fields(string(b))
+}
+
 func (j *job) status() map[string]any {
 	j.t.Helper()
 	r := j.run("status", "--json")
@@ -394,10 +421,19 @@ func TestKilledAnyNumberOfTimesFinishesExact(t *testing.T) {
 finished:
 	lost, corrupt, extra := j.check()
 	st := j.status()
-	dup := int(st["done"].(float64)) - len(j.samples)
-	t.Logf("kill test: %d kills (%d with the server), %d samples, %d lost, %d duplicated, %d corrupt, %d stray files", killed, serverKills, len(j.samples), lost, dup, corrupt, extra)
-	if lost+corrupt+extra > 0 || dup != 0 || st["state"] != "complete" {
+	// Counted from outside the index: requests the simulator received, and leftovers the
+	// runs adopted instead of sending again.
+	requests := len(j.requests())
+	adopted := strings.Count(mustRead(t, filepath.Join(j.state, "logs", "extract.log")), "adopting leftover dump")
+	t.Logf("kill test: %d kills (%d with the server), %d samples, %d requests received (%d beyond one per sample), %d leftover dumps adopted, %d lost, %d corrupt, %d stray files",
+		killed, serverKills, len(j.samples), requests, requests-len(j.samples), adopted, lost, corrupt, extra)
+	if lost+corrupt+extra > 0 || st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
 		t.Fatalf("job not exact after %d kills: status %v", killed, st)
+	}
+	// A kill can cost at most what was in flight (max_inflight 8), sent once more by the
+	// next run and once more by a client retry to a restarted server.
+	if limit := len(j.samples) + 2*8*(killed+1); requests > limit || requests < len(j.samples) {
+		t.Errorf("%d requests for %d samples over %d kills; want between %d and %d", requests, len(j.samples), killed, len(j.samples), limit)
 	}
 }
 

@@ -59,6 +59,9 @@ type Config struct {
 	CorruptEvery int
 	// LateDumpDelay writes each dump this long after the response, like a slow hook.
 	LateDumpDelay time.Duration
+	// RequestLog, when set, is a file that gets one line per /generate received (its rid),
+	// appended across restarts: tests count the work the server was asked to do.
+	RequestLog string
 }
 
 // BindFlags registers one flag per field, with the names sglang.LaunchSpec.Argv uses.
@@ -79,6 +82,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
 	fs.IntVar(&c.CorruptEvery, "corrupt-every", 0, "fault: write every Nth dump with input_ids that differ from the request's")
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
+	fs.StringVar(&c.RequestLog, "request-log", "", "append the rid of every /generate received to this file")
 }
 
 func (c *Config) normalize() error {
@@ -268,6 +272,10 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		writeError(w, http.StatusBadRequest, "request body is not a generate request: "+err.Error())
 		return
 	}
+	if err := s.logRequest(req.RID); err != nil {
+		writeError(w, http.StatusInternalServerError, err.Error())
+		return
+	}
 	ids, msg := req.tokens()
 	if msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
@@ -449,4 +457,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	// A write error means the client has gone; there is no one left to tell.
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// logRequest appends rid to the request log, one write per line so that concurrent
+// requests and restarted servers never interleave within a line.
+func (s *Server) logRequest(rid string) error {
+	if s.cfg.RequestLog == "" {
+		return nil
+	}
+	f, err := os.OpenFile(s.cfg.RequestLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("request log: %w", err)
+	}
+	_, err = f.WriteString(rid + "\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("request log %s: %w", s.cfg.RequestLog, err)
+	}
+	return nil
 }
