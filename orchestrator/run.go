@@ -97,7 +97,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{Timeout: 2 * time.Second})
 	if errors.Is(err, checkpoint.ErrLocked) {
 		// Someone (verify, a doctor) reads the index right now: cron should try again.
-		return res, fmt.Errorf("%w: %v", ErrTemporary, err)
+		return res, fmt.Errorf("%w: %w", ErrTemporary, err)
 	}
 	if err != nil {
 		return res, err

@@ -1,9 +1,11 @@
 package orchestrator
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -89,5 +91,32 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 				t.Errorf("sample 0's attempt = %d, want %d", p.Attempt[0], tt.wantAttempt)
 			}
 		})
+	}
+}
+
+// Issue 8, item 10: an index held by another reader (a verify, a doctor) is a temporary
+// condition: cron should try again (exit 75), not see a failure (exit 1).
+func TestARunThatFindsTheIndexHeldIsATemporaryFailure(t *testing.T) {
+	out := t.TempDir()
+	cfg := configs.Default()
+	cfg.Dataset = writeDataset(t, `{"input_ids": [1, 2]}`+"\n")
+	cfg.OutputDir, cfg.StateDir, cfg.ShmDir = out, filepath.Join(out, ".extract"), filepath.Join(t.TempDir(), "shm")
+	cfg.Server.Kind = "simulator"
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix.Close()
+	reader, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	_, err = Run(context.Background(), &cfg, RunOptions{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if !errors.Is(err, ErrTemporary) || !errors.Is(err, checkpoint.ErrLocked) {
+		t.Fatalf("Run = %v; want ErrTemporary wrapping checkpoint.ErrLocked", err)
 	}
 }
