@@ -73,6 +73,16 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 	defer ds.Close()
 	opt.HiddenSize, opt.Layers = cfg.HiddenSize(), cfg.LayersString()
 
+	files, err := outputFiles(cfg.OutputDir)
+	if err != nil {
+		return res, err
+	}
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
+		// No job has written here: a wrong output_dir is likelier than a lost index, and
+		// an empty index (or even a state dir) would only hide that. Checked before the
+		// lock, which would create the state dir.
+		return res, fmt.Errorf("%w: no index at %s and no output files under %s: nothing to verify or rebuild (has a job run with this config?)", ErrRefused, path, cfg.OutputDir)
+	}
 	if opt.Repair {
 		// A rebuild needs somewhere to put the lock and the new index, even when the
 		// whole state dir was lost.
@@ -99,14 +109,8 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 	if why == "" {
 		return verifyIndex(ctx, cfg, ds, path, opt)
 	}
-	files, err := outputFiles(cfg.OutputDir)
-	if err != nil {
+	if files, err = outputFiles(cfg.OutputDir); err != nil { // again, under the lock
 		return res, err
-	}
-	if !exists && len(files) == 0 {
-		// No job has written here: a wrong output_dir is likelier than a lost index, and
-		// an empty index would only hide that.
-		return res, fmt.Errorf("%w: no index at %s and no output files under %s: nothing to verify or rebuild (has a job run with this config?)", ErrRefused, path, cfg.OutputDir)
 	}
 	if !opt.Repair {
 		return res, fmt.Errorf("index %s is %s; the %d output files under %s are self-describing: `extract verify --repair` moves the index aside (never deletes it) and rebuilds it from them",
