@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -249,6 +250,9 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	}
 	rb.Adopted = c.Done
 	rb.Refused = rb.Files - rb.Adopted
+	// In a rebuild every file is an orphan: the count says how many were adopted, and
+	// only the refusals need a line each.
+	rep.Problems = slices.DeleteFunc(rep.Problems, func(p string) bool { return strings.HasSuffix(p, ": orphan adopted") })
 	err = ix.Close()
 	ix = nil
 	if err != nil {
