@@ -4,43 +4,309 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/atomicfile"
+	"github.com/extract-dev/extract/shm"
 )
 
-// Verify checks the output files against the index (and, deep, their checksums); with
-// repair it returns bad samples to pending and adopts valid files the index lacks. It
-// takes the run lock, so it never races a running job.
-func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptions) (checkpoint.VerifyReport, error) {
-	var rep checkpoint.VerifyReport
+// VerifyResult is what Verify found and did.
+type VerifyResult struct {
+	checkpoint.VerifyReport
+	// Mismatch says why the config's dataset or job definition is not the index's
+	// ("" when they agree); Verify then cannot compare the files with the dataset.
+	Mismatch string `json:"mismatch,omitempty"`
+	// Rebuild is set when --repair replaced a missing or damaged index.
+	Rebuild *Rebuild `json:"rebuild,omitempty"`
+}
+
+// Rebuild describes an index rebuilt from the output files.
+type Rebuild struct {
+	// Why the old index could not be used: "missing", or the damage Open reported.
+	Why string `json:"why"`
+	// MovedAside is where the old index now lives ("" when there was none).
+	MovedAside string `json:"moved_aside,omitempty"`
+	// Files is the number of output files found; Adopted of them are done in the new
+	// index, Refused are not (wrong sample, dataset, config or content).
+	Files   int `json:"files"`
+	Adopted int `json:"adopted"`
+	Refused int `json:"refused"`
+	// AttemptBase is the new index's attempt base: above every attempt the files and
+	// the staging and quarantine names show, so no rid is used twice.
+	AttemptBase int `json:"attempt_base"`
+}
+
+// datasetSource adapts a Dataset to checkpoint.SampleSource.
+type datasetSource struct{ ds *Dataset }
+
+func (s datasetSource) Len() int { return s.ds.Len() }
+
+// Sample returns nil ids for a text sample: the server tokenised it, so the file's ids
+// are the truth.
+func (s datasetSource) Sample(i int) ([]int64, []int64, error) {
+	smp, err := s.ds.Sample(i)
+	if err != nil {
+		return nil, nil, err
+	}
+	return smp.InputIDs, smp.LossMask, nil
+}
+
+// Verify checks the output files against the index and the dataset: each file's
+// dataset and config fingerprints, layers and width, and with opt.Deep its crc32c and
+// its tokens against the dataset's. With opt.Repair it returns bad samples to pending
+// and adopts valid files the index lacks; a missing or damaged index is moved aside
+// (never deleted) and rebuilt from the files. It takes the run lock, so it never races a
+// running job; a held lock is ErrTemporary.
+func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptions) (VerifyResult, error) {
+	var res VerifyResult
 	path := filepath.Join(cfg.StateDir, "index.db")
-	if _, err := os.Stat(path); err != nil {
-		return rep, fmt.Errorf("%w: no index at %s: nothing to verify (has a job run with this config?)", ErrRefused, path)
-	}
-	lock, err := AcquireLock(cfg.StateDir)
-	var held *HeldError
-	if errors.As(err, &held) {
-		return rep, fmt.Errorf("%w: %v; verify after it stops (`extract status` shows its progress)", ErrTemporary, held)
-	}
+	ds, err := OpenDataset(cfg.Dataset)
 	if err != nil {
-		return rep, err
+		return res, err
 	}
-	defer lock.Release()
-	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: !opt.Repair, Timeout: 2 * time.Second})
+	defer ds.Close()
+	opt.HiddenSize, opt.Layers = cfg.HiddenSize(), cfg.LayersString()
+
+	files, err := outputFiles(cfg.OutputDir)
 	if err != nil {
-		return rep, err
+		return res, err
+	}
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) && len(files) == 0 {
+		// No job has written here: a wrong output_dir is likelier than a lost index, and
+		// an empty index (or even a state dir) would only hide that. Checked before the
+		// lock, which would create the state dir.
+		return res, fmt.Errorf("%w: no index at %s and no output files under %s: nothing to verify or rebuild (has a job run with this config?)", ErrRefused, path, cfg.OutputDir)
+	}
+	if opt.Repair {
+		// A rebuild needs somewhere to put the lock and the new index, even when the
+		// whole state dir was lost.
+		if err := atomicfile.MkdirAll(cfg.StateDir, 0o755); err != nil {
+			return res, fmt.Errorf("create state dir %s: %w", cfg.StateDir, err)
+		}
+	}
+	if _, err := os.Stat(cfg.StateDir); err == nil {
+		lock, err := AcquireLock(cfg.StateDir)
+		var held *HeldError
+		if errors.As(err, &held) {
+			return res, fmt.Errorf("%w: %v; verify after it stops (`extract status` shows its progress)", ErrTemporary, held)
+		}
+		if err != nil {
+			return res, err
+		}
+		defer lock.Release()
+	}
+
+	why, exists, err := indexTrouble(path)
+	if err != nil {
+		return res, err
+	}
+	if why == "" {
+		return verifyIndex(ctx, cfg, ds, path, opt)
+	}
+	if files, err = outputFiles(cfg.OutputDir); err != nil { // again, under the lock
+		return res, err
+	}
+	if !opt.Repair {
+		return res, fmt.Errorf("index %s is %s; the %d output files under %s are self-describing: `extract verify --repair` moves the index aside (never deletes it) and rebuilds it from them",
+			path, why, len(files), cfg.OutputDir)
+	}
+	rb, rep, err := rebuild(ctx, cfg, ds, path, why, exists, files, opt)
+	res.VerifyReport, res.Rebuild = rep, rb
+	return res, err
+}
+
+// indexTrouble says why the index at path cannot be used as it is ("" when it can),
+// and whether a file is there at all. A damaged file is never handed to bbolt's
+// read-write open, which would try to initialise it.
+func indexTrouble(path string) (why string, exists bool, err error) {
+	if _, err := os.Lstat(path); errors.Is(err, fs.ErrNotExist) {
+		return "missing", false, nil
+	} else if err != nil {
+		return "", false, fmt.Errorf("index %s: %w", path, err)
+	}
+	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: 2 * time.Second})
+	switch {
+	case errors.Is(err, checkpoint.ErrDamaged):
+		return damaged(err), true, nil
+	case errors.Is(err, checkpoint.ErrLocked):
+		// A doctor or status reads it right now.
+		return "", true, fmt.Errorf("%w: %v", ErrTemporary, err)
+	case err != nil:
+		return "", true, err
 	}
 	defer ix.Close()
-	meta, ok, err := ix.Meta()
+	if _, ok, err := ix.Meta(); errors.Is(err, checkpoint.ErrDamaged) {
+		return damaged(err), true, nil
+	} else if err != nil {
+		return "", true, err
+	} else if !ok {
+		// Created but never initialised: a run or a rebuild died before its first txn.
+		return "empty (created, but no job was ever written to it)", true, nil
+	}
+	return "", true, nil
+}
+
+// damaged is why for a damaged index: what checkpoint found, without the path and the
+// sentinel's words, which the caller's message already has.
+func damaged(err error) string {
+	s := err.Error()
+	if _, detail, ok := strings.Cut(s, checkpoint.ErrDamaged.Error()+": "); ok {
+		s = detail
+	}
+	return "damaged (" + s + ")"
+}
+
+// verifyIndex verifies a usable index. The dataset is compared only if it is the one
+// the index's job was made from, and a repair is refused under another config: it
+// would take every good file for a bad one and delete it.
+func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path string, opt checkpoint.VerifyOptions) (VerifyResult, error) {
+	var res VerifyResult
+	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: !opt.Repair, Timeout: 2 * time.Second})
+	if errors.Is(err, checkpoint.ErrLocked) {
+		return res, fmt.Errorf("%w: %v", ErrTemporary, err)
+	}
 	if err != nil {
-		return rep, err
+		return res, err
 	}
-	if !ok {
-		return rep, fmt.Errorf("%w: index %s has no job", ErrRefused, path)
+	defer ix.Close()
+	meta, _, err := ix.Meta()
+	if err != nil {
+		return res, err
 	}
-	return checkpoint.Verify(ctx, ix, cfg.OutputDir, meta.Total, opt)
+	switch {
+	case meta.DatasetFingerprint != ds.Fingerprint:
+		res.Mismatch = fmt.Sprintf("dataset %s (%d samples, sha256 %.12s…) is not the one index %s was made from (%s, %d samples, sha256 %.12s…)",
+			ds.Path, ds.Len(), ds.Fingerprint, path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint)
+	case meta.ConfigFingerprint != cfg.Fingerprint():
+		res.Mismatch = fmt.Sprintf("the model, hidden size or captured layers (%s) are not the ones index %s was made with (config fingerprint %s, now %s)",
+			cfg.LayersString(), path, meta.ConfigFingerprint, cfg.Fingerprint())
+	default:
+		opt.Expect = datasetSource{ds}
+	}
+	if res.Mismatch != "" && opt.Repair {
+		return res, fmt.Errorf("%w: %s: --repair would send every file made under the index's job back to pending and delete it; restore the config the job ran with, or start over with `extract run --fresh`", ErrRefused, res.Mismatch)
+	}
+	res.VerifyReport, err = checkpoint.Verify(ctx, ix, cfg.OutputDir, meta.Total, opt)
+	return res, err
+}
+
+// rebuild moves an unusable index aside and builds a new one from the output files.
+// The new index is built under a temporary name and renamed into place only when
+// complete, so a rebuild that dies leaves no half-adopted index for a run to resume from.
+func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why string, exists bool, files []string, opt checkpoint.VerifyOptions) (*Rebuild, checkpoint.VerifyReport, error) {
+	rb := &Rebuild{Why: why, Files: len(files)}
+	var rep checkpoint.VerifyReport
+	if exists {
+		aside, err := checkpoint.MoveAside(path)
+		if err != nil {
+			return rb, rep, err
+		}
+		rb.MovedAside = aside
+	}
+	base, err := attemptsSeen(cfg, files)
+	if err != nil {
+		return rb, rep, err
+	}
+	// Attempts that left no trace (a sample whose every attempt of one run failed without
+	// a dump) were known only to the lost index: run.max_attempts of headroom covers them.
+	rb.AttemptBase = base + cfg.Run.MaxAttempts
+
+	tmp := path + ".rebuild"
+	// Only extract writes this name: it is a rebuild that died before its rename.
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return rb, rep, fmt.Errorf("remove unfinished rebuild %s: %w", tmp, err)
+	}
+	ix, err := checkpoint.Open(tmp, checkpoint.OpenOptions{Timeout: 2 * time.Second})
+	if err != nil {
+		return rb, rep, err
+	}
+	defer func() {
+		if ix != nil {
+			ix.Close()
+		}
+	}()
+	err = ix.Init(checkpoint.Meta{
+		DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(),
+		Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
+	})
+	if err != nil {
+		return rb, rep, fmt.Errorf("initialise rebuilt index %s: %w", tmp, err)
+	}
+	opt.Repair, opt.Expect = true, datasetSource{ds}
+	rep, err = checkpoint.Verify(ctx, ix, cfg.OutputDir, ds.Len(), opt)
+	if err != nil {
+		return rb, rep, fmt.Errorf("rebuild index from %s: %w", cfg.OutputDir, err)
+	}
+	c, err := ix.Counters()
+	if err != nil {
+		return rb, rep, err
+	}
+	rb.Adopted = c.Done
+	rb.Refused = rb.Files - rb.Adopted
+	// In a rebuild every file is an orphan: the count says how many were adopted, and
+	// only the refusals need a line each.
+	rep.Problems = slices.DeleteFunc(rep.Problems, func(p string) bool { return strings.HasSuffix(p, ": orphan adopted") })
+	err = ix.Close()
+	ix = nil
+	if err != nil {
+		return rb, rep, err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return rb, rep, fmt.Errorf("put rebuilt index in place: %w", err)
+	}
+	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
+		return rb, rep, fmt.Errorf("put rebuilt index %s in place: %w", path, err)
+	}
+	return rb, rep, nil
+}
+
+// outputFiles lists the output files under outputDir by name (rows_*/data_*.safetensors),
+// without reading them.
+func outputFiles(outputDir string) ([]string, error) {
+	files, err := filepath.Glob(filepath.Join(outputDir, "rows_*", "data_*.safetensors"))
+	if err != nil {
+		return nil, fmt.Errorf("list output files in %s: %w", outputDir, err)
+	}
+	return files, nil
+}
+
+// attemptsSeen is the highest attempt any trace of the job shows: the rids in the
+// output files' metadata, and the dump names in the staging dir (complete, partial, or
+// held for quarantine) and in the quarantine dir. Names only: nothing in staging is
+// opened (invariant 8).
+func attemptsSeen(cfg *configs.Config, files []string) (int, error) {
+	high := 0
+	for _, f := range files {
+		info, err := checkpoint.ReadOutput(f, false)
+		if err != nil {
+			continue // not adoptable either; its rid cannot be trusted
+		}
+		if r, err := shm.ParseRID(info.RID); err == nil {
+			high = max(high, r.Attempt)
+		}
+	}
+	for _, dir := range []string{cfg.ShmDir, filepath.Join(cfg.StateDir, "quarantine")} {
+		entries, err := os.ReadDir(dir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read %s for the attempts it shows: %w", dir, err)
+		}
+		for _, e := range entries {
+			name := strings.TrimPrefix(e.Name(), heldPrefix)
+			name = strings.TrimSuffix(name, shm.PartialSuffix)
+			if r, ok := shm.ParseDumpName(name); ok {
+				high = max(high, r.Attempt)
+			}
+		}
+	}
+	return high, nil
 }

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/orchestrator"
@@ -12,38 +14,91 @@ import (
 func newVerifyCmd() *cobra.Command {
 	var cf configFlags
 	var opt checkpoint.VerifyOptions
+	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "verify [--config F] [--deep] [--repair]",
-		Short: "Check output files against the index; --deep recomputes checksums, --repair fixes the index",
+		Use:   "verify [--config F] [--deep] [--repair] [--json]",
+		Short: "Check output files against the index and the dataset; --deep reads every byte, --repair fixes or rebuilds the index",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runVerify(cmd, &cf, opt)
+			return runVerify(cmd, &cf, opt, asJSON)
 		},
 	}
 	cf.register(cmd)
-	cmd.Flags().BoolVar(&opt.Deep, "deep", false, "read every file and recompute its crc32c")
-	cmd.Flags().BoolVar(&opt.Repair, "repair", false, "send missing or corrupt samples back to pending, adopt valid unindexed files, remove temp files")
+	cmd.Flags().BoolVar(&opt.Deep, "deep", false, "read every file: recompute its crc32c and compare its tokens with the dataset")
+	cmd.Flags().BoolVar(&opt.Repair, "repair", false, "send missing or corrupt samples back to pending, adopt valid unindexed files, remove temp files; move a missing or damaged index aside and rebuild it from the files")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
 
-func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions) error {
+// verifyJSON is `verify --json`: the counts of the text summary, the problems, and
+// what a rebuild did.
+type verifyJSON struct {
+	Checked   int                   `json:"checked"`
+	OK        int                   `json:"ok"`
+	Missing   int                   `json:"missing"`
+	Corrupt   int                   `json:"corrupt"`
+	Orphans   int                   `json:"unindexed"`
+	TempFiles int                   `json:"temp_files"`
+	Repaired  int                   `json:"repaired"`
+	Problems  []string              `json:"problems"`
+	Mismatch  string                `json:"mismatch,omitempty"`
+	Rebuild   *orchestrator.Rebuild `json:"rebuild,omitempty"`
+}
+
+func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions, asJSON bool) error {
 	cfg, err := cf.load(cmd)
 	if err != nil {
 		return err
 	}
-	rep, err := orchestrator.Verify(cmd.Context(), cfg, opt)
-	if err != nil {
+	res, err := orchestrator.Verify(cmd.Context(), cfg, opt)
+	// A rebuild that failed half way still says what it did (the index moved aside).
+	if err != nil && res.Rebuild == nil {
 		return err
 	}
 	out := cmd.OutOrStdout()
-	for _, p := range rep.Problems {
-		fmt.Fprintln(out, p)
+	if asJSON {
+		rep := res.VerifyReport
+		enc := json.NewEncoder(out)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(verifyJSON{
+			Checked: rep.Checked, OK: rep.OK, Missing: rep.Missing, Corrupt: rep.Corrupt,
+			Orphans: rep.Orphans, TempFiles: rep.TempFiles, Repaired: rep.Repaired,
+			Problems: append([]string{}, rep.Problems...), Mismatch: res.Mismatch, Rebuild: res.Rebuild,
+		}); jerr != nil && err == nil {
+			err = jerr
+		}
+	} else {
+		printVerify(out, res)
 	}
-	fmt.Fprintf(out, "checked %d: %d ok, %d missing, %d corrupt, %d unindexed files, %d temp files; %d repaired\n",
-		rep.Checked, rep.OK, rep.Missing, rep.Corrupt, rep.Orphans, rep.TempFiles, rep.Repaired)
+	if err != nil {
+		return err
+	}
+	rep := res.VerifyReport
+	if res.Mismatch != "" {
+		return errors.New("verify: " + res.Mismatch + "; verify with the config the job ran with")
+	}
 	bad := rep.Missing + rep.Corrupt + rep.Orphans + rep.TempFiles
 	if bad > 0 && !opt.Repair {
 		return errors.New("verify found problems; `extract verify --repair` fixes the index (then `extract run --resume` redoes the samples)")
 	}
 	return nil
+}
+
+func printVerify(out io.Writer, res orchestrator.VerifyResult) {
+	rep := res.VerifyReport
+	if res.Mismatch != "" {
+		fmt.Fprintln(out, res.Mismatch)
+	}
+	for _, p := range rep.Problems {
+		fmt.Fprintln(out, p)
+	}
+	if rb := res.Rebuild; rb != nil {
+		fmt.Fprintf(out, "index.db was %s", rb.Why)
+		if rb.MovedAside != "" {
+			fmt.Fprintf(out, "; moved aside to %s", rb.MovedAside)
+		}
+		fmt.Fprintf(out, "; rebuilt from %d files: %d adopted, %d refused (attempt base %d)\n", rb.Files, rb.Adopted, rb.Refused, rb.AttemptBase)
+	}
+	fmt.Fprintf(out, "checked %d: %d ok, %d missing, %d corrupt, %d unindexed files, %d temp files; %d repaired\n",
+		rep.Checked, rep.OK, rep.Missing, rep.Corrupt, rep.Orphans, rep.TempFiles, rep.Repaired)
 }
