@@ -270,13 +270,25 @@ type PortUse struct {
 // fact (InUse); any other failure, such as a host that is not this machine's, is the error.
 func ProbePort(host string, port int) (PortUse, error) {
 	u := PortUse{Addr: net.JoinHostPort(host, strconv.Itoa(port))}
-	ln, err := net.Listen("tcp", u.Addr)
-	if err == nil {
-		return u, ln.Close()
+	// A listener that no /proc entry names is a process in the middle of exiting (an
+	// OOM-killed server whose fds are being torn down): give it a moment before calling
+	// the port taken, or a cron restart right after the kill would be refused.
+	deadline := time.Now().Add(unnamedHolderWait)
+	for {
+		ln, err := net.Listen("tcp", u.Addr)
+		if err == nil {
+			return PortUse{Addr: u.Addr}, ln.Close()
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			return u, err
+		}
+		u.InUse, u.Holder = true, portHolder(port)
+		if u.Holder != "" || time.Now().After(deadline) {
+			return u, nil
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		return u, err
-	}
-	u.InUse, u.Holder = true, portHolder(port)
-	return u, nil
 }
+
+// unnamedHolderWait bounds the wait for a port held by a process that /proc no longer names.
+const unnamedHolderWait = 3 * time.Second

@@ -9,13 +9,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -254,15 +252,14 @@ func probe(ctx context.Context, c *Client, timeout time.Duration) error {
 // checkPortFree refuses to launch onto a port someone else listens on; that process is
 // never touched, only named.
 func (m *Manager) checkPortFree() error {
-	addr := net.JoinHostPort(m.Spec.Host, strconv.Itoa(m.Spec.Port))
-	ln, err := net.Listen("tcp", addr)
-	if err == nil {
-		return ln.Close()
+	use, err := ProbePort(m.Spec.Host, m.Spec.Port)
+	if err != nil {
+		return fmt.Errorf("check server address %s: %w", use.Addr, err)
 	}
-	if !errors.Is(err, syscall.EADDRINUSE) {
-		return fmt.Errorf("check server address %s: %w", addr, err)
+	if !use.InUse {
+		return nil
 	}
-	who := portHolder(m.Spec.Port)
+	who := use.Holder
 	if who == "" {
 		who = "a process that /proc does not name"
 	}

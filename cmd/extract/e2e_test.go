@@ -163,6 +163,10 @@ func stopRecordedServer(stateDir string) {
 	}
 	if json.Unmarshal(b, &rec) == nil && rec.PGID > 1 {
 		syscall.Kill(-rec.PGID, syscall.SIGKILL)
+		// As after a real crash, the next run starts once the processes are gone.
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && syscall.Kill(-rec.PGID, 0) == nil; {
+			time.Sleep(20 * time.Millisecond)
+		}
 	}
 }
 
