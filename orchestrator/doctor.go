@@ -474,6 +474,8 @@ func (d *doctor) checkPort(context.Context) []Check {
 		return []Check{okCheck("port", "%s is free", use.Addr)}
 	case d.server != nil && d.server.Leader && d.server.Port == s.Port:
 		return []Check{okCheck("port", "%s is held by our server (pid %d), which the run adopts or replaces", use.Addr, d.server.PID)}
+	case d.server != nil && d.server.Launching && d.server.Port == s.Port:
+		return []Check{okCheck("port", "%s is held by a server whose launch was interrupted (server id %s), which the run stops and replaces", use.Addr, d.server.ServerID)}
 	}
 	who := use.Holder
 	if who == "" {

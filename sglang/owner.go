@@ -17,8 +17,11 @@ type ServerIdentity struct {
 	// Leader is true when the recorded pid is still the process we started (same boot,
 	// same start time). Its group is ours only then: once the leader and all its
 	// workers are gone, the kernel may hand the group id to anyone.
-	Leader   bool
-	sameBoot bool
+	Leader bool
+	// Launching: the run that started it died before recording its pid; the next run
+	// stops it (found by ServerID) and launches a new one.
+	Launching bool
+	sameBoot  bool
 }
 
 // LoadServerIdentity reads the server record in stateDir. It returns nil, nil when there
@@ -29,7 +32,7 @@ func LoadServerIdentity(stateDir string, log *slog.Logger) (*ServerIdentity, err
 	if err != nil || rec == nil {
 		return nil, err
 	}
-	id := &ServerIdentity{PID: rec.PID, PGID: rec.PGID, Port: rec.Port, ServerID: rec.ServerID}
+	id := &ServerIdentity{PID: rec.PID, PGID: rec.PGID, Port: rec.Port, ServerID: rec.ServerID, Launching: rec.Launching}
 	boot, err := bootID()
 	if err != nil {
 		return nil, err

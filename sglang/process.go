@@ -87,6 +87,9 @@ type record struct {
 	Fingerprint string    `json:"fingerprint"`
 	Argv        []string  `json:"argv"`
 	StartedAt   time.Time `json:"started_at"`
+	// Launching marks a record written before the process starts: a run killed between
+	// the start and the full record leaves a server findable by ServerID alone.
+	Launching bool `json:"launching,omitempty"`
 }
 
 func (m *Manager) recordPath() string { return filepath.Join(m.StateDir, "server.json") }
@@ -131,6 +134,15 @@ func (m *Manager) Ensure(ctx context.Context) (*Server, error) {
 	rec, err := m.readRecord()
 	if err != nil {
 		return nil, err
+	}
+	if rec != nil && rec.Launching {
+		// The run that launched it died before recording its pid: whatever carries its
+		// server id is ours and half-known; stop it and start clean.
+		m.stopLaunching(ctx, rec)
+		if err := m.removeRecord(); err != nil {
+			return nil, err
+		}
+		rec = nil
 	}
 	if rec != nil {
 		log := m.log().With("pid", rec.PID, "pgid", rec.PGID, "record", m.recordPath())
@@ -305,6 +317,10 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 	var id [8]byte
 	rand.Read(id[:])
 	serverID := hex.EncodeToString(id[:])
+	// Recorded before it exists, so that no instant leaves a server nobody can find.
+	if err := m.writeRecord(&record{ServerID: serverID, BootID: boot, Port: m.Spec.Port, Fingerprint: fp, Argv: argv, StartedAt: started, Launching: true}); err != nil {
+		return nil, err
+	}
 
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(m.Spec.Environ(), serverIDEnv+"="+serverID)
@@ -402,6 +418,10 @@ func (m *Manager) Stop(ctx context.Context, grace time.Duration) error {
 			return nil
 		}
 	}
+	if rec.Launching {
+		m.stopLaunching(ctx, rec)
+		return m.removeRecord()
+	}
 	switch m.identify(rec) {
 	case procOurs:
 		if err := m.stopGroup(ctx, rec.PGID, grace); err != nil {
@@ -458,6 +478,25 @@ func waitGroupGone(ctx context.Context, pgid int, d time.Duration) bool {
 	}
 }
 
+// stopLaunching stops the process groups of a server whose launch was interrupted before
+// its pid was recorded, found by the server id in their environment.
+func (m *Manager) stopLaunching(ctx context.Context, rec *record) {
+	groups := map[int]bool{}
+	for _, pid := range listPIDs() {
+		if hasEnv(pid, serverIDEnv+"="+rec.ServerID) {
+			if st, err := readStat(pid); err == nil && !st.dead() {
+				groups[st.pgid] = true
+			}
+		}
+	}
+	for pgid := range groups {
+		m.log().Warn("stopping a server whose launch was interrupted before it was recorded", "pgid", pgid, "server_id", rec.ServerID)
+		if err := m.stopGroup(ctx, pgid, 5*time.Second); err != nil {
+			m.log().Error("interrupted launch survives", "pgid", pgid, "error", err)
+		}
+	}
+}
+
 // currentRecord describes the server this Manager launched or adopted, for when its
 // record on disk is lost; nil when there is none.
 func (m *Manager) currentRecord() *record {
@@ -483,6 +522,9 @@ func (m *Manager) readRecord() (*record, error) {
 		return nil, fmt.Errorf("read server record: %w", err)
 	}
 	var rec record
+	if err := json.Unmarshal(b, &rec); err == nil && rec.Launching && rec.ServerID != "" {
+		return &rec, nil
+	}
 	if err := json.Unmarshal(b, &rec); err != nil || rec.PID <= 0 || rec.PGID <= 0 {
 		// Written by rename, so this is not a torn write but a foreign edit: it proves
 		// nothing about any process, and the port check guards the launch.

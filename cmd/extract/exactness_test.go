@@ -37,12 +37,13 @@ func (j *job) stagedDumps() []shm.RID {
 // prefill of the whole node; the next run must move them, not ask for them again.
 func TestLeftoverDumpsOfAKilledRunAreAdoptedAndNeverRequestedAgain(t *testing.T) {
 	j := newJob(t, 200, 4000)
-	cmd, _ := j.start("run")
+	cmd, wait := j.start("run")
 	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 10 })
 	// Frozen, the orchestrator stops moving while the server finishes what it was sent.
 	cmd.Process.Signal(syscall.SIGSTOP)
 	time.Sleep(1500 * time.Millisecond)
 	cmd.Process.Signal(syscall.SIGKILL)
+	wait() // the lock is free once the process is gone
 	leftovers := j.stagedDumps()
 	if len(leftovers) == 0 {
 		t.Fatal("the killed run left no complete dump in staging: the test proves nothing")
