@@ -181,7 +181,7 @@ type doctor struct {
 	// index is what was read from the index; indexVerdict, when set, is the index
 	// check's outcome decided without reading it (a run holds it, there is none, it
 	// cannot be opened).
-	index        indexView
+	index        checkpoint.IndexFacts
 	indexVerdict []Check
 	prog         *checkpoint.Progress // nil when the index was not read or is another dataset's
 	running      int                  // pid of the run holding the lock, 0 for none
@@ -228,175 +228,149 @@ func (d *doctor) loadDataset() Check {
 	return okCheck("dataset", "%d samples, %d tokens, sha256 %.12s… (%s)", d.ds.Len(), d.ds.TotalTokens(nil), d.ds.Fingerprint, d.ds.Path)
 }
 
-// indexView is what Doctor needs from the index, read in one go so that the index can be
-// closed before anything slow runs.
-type indexView struct {
-	path     string
-	meta     checkpoint.Meta
-	haveMeta bool
-	counters checkpoint.Counters
-	prog     *checkpoint.Progress
-	done     int // samples done by the records
-	// sampled are the records of up to doctorStatSample done samples, spread evenly over
-	// them, whose files the index check stats.
-	sampled []checkpoint.Record
-}
+// repairFix is the fix for an index that cannot be read: the output files describe
+// themselves, so nothing is lost with it.
+const repairFix = "`extract verify --repair` moves it aside (kept as index.db.broken-<time>) and rebuilds the index from the output files"
 
-// readIndexView reads ix into an indexView; the error names what could not be read.
-func readIndexView(ix *checkpoint.Index) (indexView, error) {
-	v := indexView{path: ix.Path()}
-	var err error
-	v.meta, v.haveMeta, err = ix.Meta()
-	if err != nil || !v.haveMeta {
-		return v, err
-	}
-	if v.counters, err = ix.Counters(); err != nil {
-		return v, err
-	}
-	if v.prog, err = ix.Load(v.meta.Total); err != nil {
-		return v, fmt.Errorf("read the records: %w", err)
-	}
-	var done []int
-	for s, st := range v.prog.State {
-		if st == checkpoint.StateDone {
-			done = append(done, s)
-		}
-	}
-	v.done = len(done)
-	n := min(len(done), doctorStatSample)
-	for k := range n {
-		s := done[k*len(done)/n]
-		r, found, err := ix.Get(s)
-		if err != nil {
-			return v, fmt.Errorf("read record of sample %d: %w", s, err)
-		}
-		if found {
-			v.sampled = append(v.sampled, r)
-		}
-	}
-	return v, nil
-}
-
-// loadIndex reads the index (the caller's, or opened read-only and closed before it
-// returns) into d.index, or sets d.indexVerdict when it cannot or must not be read.
+// loadIndex reads the index into d.index (checkpoint.InspectIndex opens it read-only,
+// reads it, closes it and then stats a sample of the done files; a caller's open index
+// is read in place), or sets d.indexVerdict when it cannot or must not be read.
 func (d *doctor) loadIndex() {
 	const name = "index"
 	verdict := func(c Check) { d.indexVerdict = []Check{c} }
 	path := filepath.Join(d.cfg.StateDir, "index.db")
-	ix := d.opt.Index
-	if ix == nil {
+	var f checkpoint.IndexFacts
+	var err error
+	if d.opt.Index != nil {
+		f, err = heldIndexFacts(d.opt.Index, d.cfg.OutputDir)
+	} else {
 		if pid, held := LockHolder(d.cfg.StateDir); held {
 			d.running = pid
 			verdict(warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
 				"a run is in progress (pid %d); the index is not opened while it runs", pid))
 			return
 		}
-		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			verdict(okCheck(name, "none yet at %s; the first run creates it", path))
-			return
-		}
-		var err error
-		ix, err = checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: doctorIndexTimeout})
-		if errors.Is(err, checkpoint.ErrLocked) {
-			if pid, held := LockHolder(d.cfg.StateDir); held {
-				d.running = pid
-				verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid))
-				return
-			}
-			verdict(warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err))
-			return
-		}
-		if err != nil {
-			fix := "keep a copy of the file; the output files are self-describing, and `extract verify --repair` rebuilds the index from them"
-			if strings.Contains(err.Error(), "schema_version") {
-				fix = "use the extract release that wrote this index"
-			}
-			verdict(failCheck(name, fix, "%v", err))
-			return
-		}
-		defer ix.Close()
+		f, err = checkpoint.InspectIndex(path, checkpoint.InspectOptions{OutputDir: d.cfg.OutputDir, StatSample: doctorStatSample, Timeout: doctorIndexTimeout})
 	}
-	v, err := readIndexView(ix)
-	if err != nil {
-		verdict(failCheck(name, "`extract verify --repair` checks every record against the files", "read %s: %v", path, err))
+	switch {
+	case errors.Is(err, checkpoint.ErrLocked):
+		if pid, held := LockHolder(d.cfg.StateDir); held {
+			d.running = pid
+			verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid))
+			return
+		}
+		verdict(warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err))
+		return
+	case errors.Is(err, checkpoint.ErrDamaged):
+		// The error names the file and the damage (issue 8, item 6).
+		verdict(failCheck(name, repairFix, "%v", err))
+		return
+	case err != nil && strings.Contains(err.Error(), "schema_version"):
+		verdict(failCheck(name, "use the extract release that wrote this index", "%v", err))
+		return
+	case err != nil:
+		verdict(failCheck(name, repairFix, "read %s: %v", path, err))
+		return
+	case !f.Exists:
+		verdict(okCheck(name, "none yet at %s; the first run creates it", path))
 		return
 	}
-	d.index = v
-	if !v.haveMeta {
+	d.index = f
+	if !f.Initialised {
 		return
 	}
-	progress := v.counters.Done+v.counters.Failed > 0
+	progress := f.Counters.Done+f.Counters.Failed > 0
 	// The progress describes this dataset only if the index was made for it.
-	if d.ds != nil && (v.meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && v.meta.Total == d.ds.Len() {
-		d.prog = v.prog
-		d.complete = v.counters.Done == v.meta.Total
+	if d.ds != nil && (f.Meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && f.Meta.Total == d.ds.Len() {
+		d.prog = f.Progress
+		d.complete = f.Counters.Done == f.Meta.Total
 	}
 }
 
-// checkIndex says whether a resume would accept the index, and stats a sample of the
-// done samples' files; it is shown last.
-func (d *doctor) checkIndex(ctx context.Context) []Check {
+// heldIndexFacts reads what InspectIndex reads from an index the caller holds open
+// read-write (run's preflight): InspectIndex's own read-only open would wait for the
+// caller's lock. It stats the same sample of done files.
+func heldIndexFacts(ix *checkpoint.Index, outputDir string) (checkpoint.IndexFacts, error) {
+	f := checkpoint.IndexFacts{Path: ix.Path(), Exists: true, SchemaVersion: checkpoint.SchemaVersion}
+	m, ok, err := ix.Meta()
+	if err != nil || !ok {
+		return f, err
+	}
+	f.Initialised, f.Meta = true, m
+	if f.Counters, err = ix.Counters(); err != nil {
+		return f, err
+	}
+	if f.Progress, err = ix.Load(m.Total); err != nil {
+		return f, fmt.Errorf("read the records: %w", err)
+	}
+	for s, st := range f.Progress.State {
+		if st == checkpoint.StateDone {
+			f.Done = append(f.Done, s)
+		}
+	}
+	n := min(len(f.Done), doctorStatSample)
+	for k := range n {
+		s := f.Done[k*len(f.Done)/n]
+		r, found, err := ix.Get(s)
+		if err != nil {
+			return f, fmt.Errorf("read record of sample %d: %w", s, err)
+		}
+		if !found {
+			continue
+		}
+		f.Checked++
+		p := checkpoint.OutputPath(outputDir, s)
+		st, err := os.Stat(p)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			f.Problems = append(f.Problems, fmt.Sprintf("sample %d: %s missing", s, p))
+		case err != nil:
+			f.Problems = append(f.Problems, fmt.Sprintf("sample %d: %v", s, err))
+		case st.Size() != r.Bytes:
+			f.Problems = append(f.Problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", s, p, st.Size(), r.Bytes))
+		}
+	}
+	return f, nil
+}
+
+// checkIndex says whether a resume would accept the index, and how the sample of done
+// files stood; it is shown last.
+func (d *doctor) checkIndex(context.Context) []Check {
 	const name = "index"
 	if d.indexVerdict != nil {
 		return d.indexVerdict
 	}
-	v := d.index
-	if !v.haveMeta {
-		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", v.path)}
+	f := d.index
+	if !f.Initialised {
+		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", f.Path)}
 	}
-	meta, c := v.meta, v.counters
+	meta, c := f.Meta, f.Counters
 	var checks []Check
 	if d.ds != nil && c.Done+c.Failed > 0 {
 		if meta.DatasetFingerprint != d.ds.Fingerprint {
 			return []Check{failCheck(name, "point dataset back at the job's file, or start over with `extract run --fresh`",
 				"the job in %s was started on another dataset (%s, %d samples, sha256 %.12s…; now %s, %d samples, sha256 %.12s…): `extract run --resume` would refuse",
-				v.path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
+				f.Path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
 		}
 		if meta.ConfigFingerprint != d.cfg.Fingerprint() {
 			checks = append(checks, failCheck(name, "restore server.model_path, hidden size and layers, or start over with `extract run --fresh`",
 				"the model, hidden size or captured layers differ from the ones the job in %s was started with (config fingerprint %s, now %s): `extract run --resume` would refuse",
-				v.path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
+				f.Path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
 		}
 	}
-	summary := fmt.Sprintf("schema v%d, %d of %d samples done, %d failed, %s written", checkpoint.SchemaVersion, c.Done, meta.Total, c.Failed, fmtSize(c.BytesWritten))
-	if v.done == 0 {
+	summary := fmt.Sprintf("schema v%d, %d of %d samples done, %d failed, %s written", f.SchemaVersion, c.Done, meta.Total, c.Failed, fmtSize(c.BytesWritten))
+	if len(f.Done) == 0 {
 		return append(checks, okCheck(name, "%s", summary))
 	}
-	problems, err := d.statDone(ctx, v.sampled)
-	if err != nil {
-		return append(checks, failCheck(name, "", "%s; %v", summary, err))
-	}
-	checked := len(v.sampled)
-	if len(problems) > 0 {
-		shown := problems
+	if len(f.Problems) > 0 {
+		shown := f.Problems
 		if len(shown) > 3 {
 			shown = shown[:3]
 		}
 		return append(checks, failCheck(name, "run `extract verify --repair` with this config: it checks every file and returns the bad samples to pending",
-			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(problems), checked, d.cfg.OutputDir, strings.Join(shown, "; ")))
+			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(f.Problems), f.Checked, d.cfg.OutputDir, strings.Join(shown, "; ")))
 	}
-	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, checked, v.done))
-}
-
-// statDone checks that the output files of the sampled done records exist with the
-// size the index recorded. Each stat may be slow on a network filesystem, so ctx can end it.
-func (d *doctor) statDone(ctx context.Context, sampled []checkpoint.Record) (problems []string, err error) {
-	for _, r := range sampled {
-		if err := ctx.Err(); err != nil {
-			return problems, err
-		}
-		path := checkpoint.OutputPath(d.cfg.OutputDir, r.Sample)
-		st, err := os.Stat(path)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			problems = append(problems, fmt.Sprintf("sample %d: %s missing", r.Sample, path))
-		case err != nil:
-			problems = append(problems, fmt.Sprintf("sample %d: %v", r.Sample, err))
-		case st.Size() != r.Bytes:
-			problems = append(problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", r.Sample, path, st.Size(), r.Bytes))
-		}
-	}
-	return problems, nil
+	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, f.Checked, len(f.Done)))
 }
 
 func (d *doctor) checkGPUs(context.Context) []Check {

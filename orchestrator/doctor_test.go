@@ -610,3 +610,30 @@ func TestAnUncreatableOutputDirIsAPreflightRefusalForRunAndDoctorAlike(t *testin
 		})
 	}
 }
+
+func TestDoctorReportsATruncatedIndexAsAFailedCheckNamingTheFileAndTheRepair(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(50, 10))
+	indexJob(t, cfg, samplesRange(0, 30))
+	path := filepath.Join(cfg.StateDir, "index.db")
+	// As in issue 8 (item 6): `truncate -s 10000 index.db` made every command die of SIGBUS.
+	if err := os.Truncate(path, 10000); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := Doctor(context.Background(), cfg, DoctorOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := wantCheck(t, rep, "index", CheckFail, path, "damaged", "truncated")
+	for _, want := range []string{"extract verify --repair", "index.db.broken-", "rebuilds the index from the output files"} {
+		if !strings.Contains(c.Fix, want) {
+			t.Errorf("fix %q does not say %q", c.Fix, want)
+		}
+	}
+	if rep.OK {
+		t.Errorf("report OK with a damaged index:\n%s", reportJSON(rep))
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != 10000 {
+		t.Errorf("doctor changed the damaged index: %v, %v", st, err)
+	}
+}
