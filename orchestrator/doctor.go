@@ -6,10 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -44,6 +41,9 @@ type DoctorReport struct {
 	// RunningPID is the run that holds the lock, 0 for none: another `extract run`
 	// would exit 0 at once, leaving it be.
 	RunningPID int `json:"running_pid,omitempty"`
+	// SGLang is what the install probe found (kind sglang): version, seams, and the
+	// files under sglang/srt that differ from the install's record.
+	SGLang *sglang.InstallFacts `json:"sglang,omitempty"`
 }
 
 // Failed lists the checks that failed.
@@ -95,10 +95,12 @@ type DoctorOptions struct {
 
 // Doctor limits. The stat check of the index samples this many done records, spread
 // evenly, so it stays quick at a million samples; the probe of the server's Python is
-// bounded because an interpreter on a hung network filesystem would never answer.
+// bounded because an interpreter on a hung network filesystem would never answer, and
+// generously, because importing SGLang's seam modules imports torch and its kernels
+// (tens of seconds on a cold page cache).
 const (
 	doctorStatSample    = 200
-	doctorPythonTimeout = 30 * time.Second
+	doctorPythonTimeout = 2 * time.Minute
 	doctorIndexTimeout  = time.Second
 )
 
@@ -136,7 +138,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		{true, d.checkPort},
 		{true, d.checkModel},
 		{true, d.checkHook},
-		{true, d.checkPython},
+		{true, d.checkSGLang},
 		{false, func(context.Context) []Check { return []Check{dataset} }},
 		{false, d.checkDirs},
 		{false, d.checkFiles},
@@ -161,6 +163,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	}
 	rep.OK = len(rep.Failed()) == 0
 	rep.RunningPID = d.running
+	rep.SGLang = d.install
 	for _, c := range rep.Checks {
 		switch c.Status {
 		case CheckFail:
@@ -181,12 +184,13 @@ type doctor struct {
 	// index is what was read from the index; indexVerdict, when set, is the index
 	// check's outcome decided without reading it (a run holds it, there is none, it
 	// cannot be opened).
-	index        indexView
+	index        checkpoint.IndexFacts
 	indexVerdict []Check
 	prog         *checkpoint.Progress // nil when the index was not read or is another dataset's
 	running      int                  // pid of the run holding the lock, 0 for none
 	complete     bool
 	server       *sglang.ServerIdentity
+	install      *sglang.InstallFacts // nil unless the install probe found one
 }
 
 func (d *doctor) close() {
@@ -226,347 +230,6 @@ func (d *doctor) loadDataset() Check {
 		d.ds, d.ownDS = ds, true
 	}
 	return okCheck("dataset", "%d samples, %d tokens, sha256 %.12s… (%s)", d.ds.Len(), d.ds.TotalTokens(nil), d.ds.Fingerprint, d.ds.Path)
-}
-
-// indexView is what Doctor needs from the index, read in one go so that the index can be
-// closed before anything slow runs.
-type indexView struct {
-	path     string
-	meta     checkpoint.Meta
-	haveMeta bool
-	counters checkpoint.Counters
-	prog     *checkpoint.Progress
-	done     int // samples done by the records
-	// sampled are the records of up to doctorStatSample done samples, spread evenly over
-	// them, whose files the index check stats.
-	sampled []checkpoint.Record
-}
-
-// readIndexView reads ix into an indexView; the error names what could not be read.
-func readIndexView(ix *checkpoint.Index) (indexView, error) {
-	v := indexView{path: ix.Path()}
-	var err error
-	v.meta, v.haveMeta, err = ix.Meta()
-	if err != nil || !v.haveMeta {
-		return v, err
-	}
-	if v.counters, err = ix.Counters(); err != nil {
-		return v, err
-	}
-	if v.prog, err = ix.Load(v.meta.Total); err != nil {
-		return v, fmt.Errorf("read the records: %w", err)
-	}
-	var done []int
-	for s, st := range v.prog.State {
-		if st == checkpoint.StateDone {
-			done = append(done, s)
-		}
-	}
-	v.done = len(done)
-	n := min(len(done), doctorStatSample)
-	for k := range n {
-		s := done[k*len(done)/n]
-		r, found, err := ix.Get(s)
-		if err != nil {
-			return v, fmt.Errorf("read record of sample %d: %w", s, err)
-		}
-		if found {
-			v.sampled = append(v.sampled, r)
-		}
-	}
-	return v, nil
-}
-
-// loadIndex reads the index (the caller's, or opened read-only and closed before it
-// returns) into d.index, or sets d.indexVerdict when it cannot or must not be read.
-func (d *doctor) loadIndex() {
-	const name = "index"
-	verdict := func(c Check) { d.indexVerdict = []Check{c} }
-	path := filepath.Join(d.cfg.StateDir, "index.db")
-	ix := d.opt.Index
-	if ix == nil {
-		if pid, held := LockHolder(d.cfg.StateDir); held {
-			d.running = pid
-			verdict(warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
-				"a run is in progress (pid %d); the index is not opened while it runs", pid))
-			return
-		}
-		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
-			verdict(okCheck(name, "none yet at %s; the first run creates it", path))
-			return
-		}
-		var err error
-		ix, err = checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: doctorIndexTimeout})
-		if errors.Is(err, checkpoint.ErrLocked) {
-			if pid, held := LockHolder(d.cfg.StateDir); held {
-				d.running = pid
-				verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid))
-				return
-			}
-			verdict(warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err))
-			return
-		}
-		if err != nil {
-			fix := "keep a copy of the file; the output files are self-describing, and `extract verify --repair` rebuilds the index from them"
-			if strings.Contains(err.Error(), "schema_version") {
-				fix = "use the extract release that wrote this index"
-			}
-			verdict(failCheck(name, fix, "%v", err))
-			return
-		}
-		defer ix.Close()
-	}
-	v, err := readIndexView(ix)
-	if err != nil {
-		verdict(failCheck(name, "`extract verify --repair` checks every record against the files", "read %s: %v", path, err))
-		return
-	}
-	d.index = v
-	if !v.haveMeta {
-		return
-	}
-	progress := v.counters.Done+v.counters.Failed > 0
-	// The progress describes this dataset only if the index was made for it.
-	if d.ds != nil && (v.meta.DatasetFingerprint == d.ds.Fingerprint || !progress) && v.meta.Total == d.ds.Len() {
-		d.prog = v.prog
-		d.complete = v.counters.Done == v.meta.Total
-	}
-}
-
-// checkIndex says whether a resume would accept the index, and stats a sample of the
-// done samples' files; it is shown last.
-func (d *doctor) checkIndex(ctx context.Context) []Check {
-	const name = "index"
-	if d.indexVerdict != nil {
-		return d.indexVerdict
-	}
-	v := d.index
-	if !v.haveMeta {
-		return []Check{okCheck(name, "%s holds no job yet; the first run initialises it", v.path)}
-	}
-	meta, c := v.meta, v.counters
-	var checks []Check
-	if d.ds != nil && c.Done+c.Failed > 0 {
-		if meta.DatasetFingerprint != d.ds.Fingerprint {
-			return []Check{failCheck(name, "point dataset back at the job's file, or start over with `extract run --fresh`",
-				"the job in %s was started on another dataset (%s, %d samples, sha256 %.12s…; now %s, %d samples, sha256 %.12s…): `extract run --resume` would refuse",
-				v.path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, d.ds.Path, d.ds.Len(), d.ds.Fingerprint)}
-		}
-		if meta.ConfigFingerprint != d.cfg.Fingerprint() {
-			checks = append(checks, failCheck(name, "restore server.model_path, hidden size and layers, or start over with `extract run --fresh`",
-				"the model, hidden size or captured layers differ from the ones the job in %s was started with (config fingerprint %s, now %s): `extract run --resume` would refuse",
-				v.path, meta.ConfigFingerprint, d.cfg.Fingerprint()))
-		}
-	}
-	summary := fmt.Sprintf("schema v%d, %d of %d samples done, %d failed, %s written", checkpoint.SchemaVersion, c.Done, meta.Total, c.Failed, fmtSize(c.BytesWritten))
-	if v.done == 0 {
-		return append(checks, okCheck(name, "%s", summary))
-	}
-	problems, err := d.statDone(ctx, v.sampled)
-	if err != nil {
-		return append(checks, failCheck(name, "", "%s; %v", summary, err))
-	}
-	checked := len(v.sampled)
-	if len(problems) > 0 {
-		shown := problems
-		if len(shown) > 3 {
-			shown = shown[:3]
-		}
-		return append(checks, failCheck(name, "run `extract verify --repair` with this config: it checks every file and returns the bad samples to pending",
-			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(problems), checked, d.cfg.OutputDir, strings.Join(shown, "; ")))
-	}
-	return append(checks, okCheck(name, "%s; %d of %d done files checked by stat: all present", summary, checked, v.done))
-}
-
-// statDone checks that the output files of the sampled done records exist with the
-// size the index recorded. Each stat may be slow on a network filesystem, so ctx can end it.
-func (d *doctor) statDone(ctx context.Context, sampled []checkpoint.Record) (problems []string, err error) {
-	for _, r := range sampled {
-		if err := ctx.Err(); err != nil {
-			return problems, err
-		}
-		path := checkpoint.OutputPath(d.cfg.OutputDir, r.Sample)
-		st, err := os.Stat(path)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-			problems = append(problems, fmt.Sprintf("sample %d: %s missing", r.Sample, path))
-		case err != nil:
-			problems = append(problems, fmt.Sprintf("sample %d: %v", r.Sample, err))
-		case st.Size() != r.Bytes:
-			problems = append(problems, fmt.Sprintf("sample %d: %s is %d bytes, the index recorded %d", r.Sample, path, st.Size(), r.Bytes))
-		}
-	}
-	return problems, nil
-}
-
-func (d *doctor) checkGPUs(context.Context) []Check {
-	if !d.kindSGLang() {
-		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
-	}
-	wanted := d.cfg.GPUIndices()
-	rep := d.opt.GPUs.Inspect(wanted)
-	if !rep.Available {
-		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
-			"%s; server.kind sglang needs GPUs %s", rep.Reason, joinGPUIndices(wanted))}
-	}
-	var absent []int
-	for _, g := range rep.GPUs {
-		if !g.Present {
-			absent = append(absent, g.Index)
-		}
-	}
-	var checks []Check
-	if len(absent) > 0 {
-		checks = append(checks, failCheck("gpu", "set server.gpus (and server.tp_size) to GPUs this node has",
-			"the job wants GPUs %s but NVML sees %d GPU(s) (driver %s): %s missing", joinGPUIndices(wanted), rep.Count, rep.Driver, joinGPUIndices(absent)))
-	} else {
-		checks = append(checks, okCheck("gpu", "driver %s, %d GPU(s); the job wants %s", rep.Driver, rep.Count, joinGPUIndices(wanted)))
-	}
-	for _, g := range rep.GPUs {
-		if g.Present {
-			checks = append(checks, d.checkGPU(g))
-		}
-	}
-	return checks
-}
-
-// checkGPU says whether one wanted GPU is free for our server, naming every other
-// process on it and how to stop it.
-func (d *doctor) checkGPU(g sglang.GPU) Check {
-	name := fmt.Sprintf("gpu %d", g.Index)
-	head := fmt.Sprintf("%s: %s of %s used", g.Name, fmtSize(int64(g.MemoryUsed)), fmtSize(int64(g.MemoryTotal)))
-	if g.Utilization >= 0 {
-		head += fmt.Sprintf(", %d%% busy", g.Utilization)
-	}
-	var ours, foreign []string
-	var fixes []string
-	for _, p := range g.Processes {
-		if d.server.Owns(p.PID) {
-			ours = append(ours, strconv.Itoa(p.PID))
-			continue
-		}
-		foreign = append(foreign, p.Describe())
-		if f := p.StopHint(); !slices.Contains(fixes, f) {
-			fixes = append(fixes, f)
-		}
-	}
-	switch {
-	case len(foreign) > 0:
-		return failCheck(name, strings.Join(fixes, "; "), "%s; held by %s: not our server", head, strings.Join(foreign, "; "))
-	case g.Err != nil:
-		return warnCheck(name, "run `nvidia-smi` to see who holds the GPU", "%s; %v", head, g.Err)
-	case len(ours) > 0:
-		return okCheck(name, "%s; held by our server (pid %s), which the run adopts or replaces", head, strings.Join(ours, ", "))
-	case g.HiddenHolder():
-		return warnCheck(name, "run `nvidia-smi` on the host: a process in another container or VM may hold the memory",
-			"%s, but NVML lists no process on it", head)
-	}
-	return okCheck(name, "%s; no processes", head)
-}
-
-func (d *doctor) checkPort(context.Context) []Check {
-	s := d.cfg.Server
-	use, err := sglang.ProbePort(s.Host, s.Port)
-	switch {
-	case err != nil:
-		return []Check{failCheck("port", "set server.host to an address of this machine", "cannot listen on %s: %v", use.Addr, err)}
-	case !use.InUse:
-		return []Check{okCheck("port", "%s is free", use.Addr)}
-	case d.server != nil && d.server.Leader && d.server.Port == s.Port:
-		return []Check{okCheck("port", "%s is held by our server (pid %d), which the run adopts or replaces", use.Addr, d.server.PID)}
-	case d.server != nil && d.server.Launching && d.server.Port == s.Port:
-		return []Check{okCheck("port", "%s is held by a server whose launch was interrupted (server id %s), which the run stops and replaces", use.Addr, d.server.ServerID)}
-	}
-	who := use.Holder
-	if who == "" {
-		who = "a process that /proc does not name"
-	}
-	return []Check{failCheck("port", "stop it, or set server.port to a free port", "%s is taken by %s, which extract did not start", use.Addr, who)}
-}
-
-// checkModel compares the model's shape with the config: a mismatch would make every
-// dump the wrong width, and every one of them rejected.
-func (d *doctor) checkModel(context.Context) []Check {
-	const name = "model"
-	if !d.kindSGLang() {
-		return []Check{okCheck(name, "none needed (server.kind %s)", d.cfg.Server.Kind)}
-	}
-	dir := d.cfg.Server.ModelPath
-	fixPath := "set server.model_path to the model's local folder (config.json and weights)"
-	shape, err := sglang.ReadModelShape(dir)
-	switch {
-	case errors.Is(err, sglang.ErrModelConfig):
-		return []Check{failCheck(name, "repair or replace "+shape.ConfigPath, "%v", err)}
-	case err != nil:
-		return []Check{failCheck(name, fixPath, "server.model_path: %v", err)}
-	}
-	var wrong []string
-	if shape.HiddenSize != 0 && shape.HiddenSize != d.cfg.Server.HiddenSize {
-		wrong = append(wrong, fmt.Sprintf("hidden_size %d (server.hidden_size is %d)", shape.HiddenSize, d.cfg.Server.HiddenSize))
-	}
-	if shape.NumLayers != 0 && shape.NumLayers != d.cfg.Server.NumLayers {
-		wrong = append(wrong, fmt.Sprintf("num_hidden_layers %d (server.num_layers is %d)", shape.NumLayers, d.cfg.Server.NumLayers))
-	}
-	where := shape.ConfigPath
-	if shape.Nested != "" {
-		where += " (" + shape.Nested + ")"
-	}
-	if len(wrong) > 0 {
-		return []Check{failCheck(name, "set server.hidden_size, server.num_layers and server.layers for this model, or point server.model_path at the intended one",
-			"%s says %s", where, strings.Join(wrong, ", "))}
-	}
-	arch := strings.Join(shape.Architectures, ",")
-	if arch == "" {
-		arch = "no architectures listed"
-	}
-	if shape.WeightFiles == 0 {
-		return []Check{warnCheck(name, "download the weights into "+dir, "%s (%s, hidden %d, %d layers) has config.json but no *.safetensors or *.bin weights",
-			dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers)}
-	}
-	return []Check{okCheck(name, "%s (%s, hidden %d, %d layers, %d weight file(s))", dir, arch, d.cfg.Server.HiddenSize, d.cfg.Server.NumLayers, shape.WeightFiles)}
-}
-
-// checkHook reports the hook this binary ships and the ones armed in live servers.
-func (d *doctor) checkHook(context.Context) []Check {
-	const name = "hook"
-	if !d.kindSGLang() {
-		return []Check{okCheck(name, "none needed (the simulator writes dumps itself)")}
-	}
-	ours := sglang.HookVersion()
-	reason := fmt.Sprintf("dump hook %s shipped in this binary; installed at launch into %s", ours, filepath.Join(d.cfg.StateDir, sglang.HookDirName()))
-	for _, m := range sglang.LiveHookMarkers(d.cfg.ShmDir) {
-		if m.HookVersion != ours {
-			return []Check{warnCheck(name, "stop that server so that the next run launches one with this binary's hook",
-				"%s, but the server armed in pid %d runs hook %s (%s): its dumps carry that version", reason, m.PID, m.HookVersion, m.Path)}
-		}
-		reason += fmt.Sprintf("; armed in the live server (pid %d, layers %s)", m.PID, m.Layers)
-	}
-	return []Check{okCheck(name, "%s", reason)}
-}
-
-// checkPython looks for server.python and SGLang in it, as the server will run.
-func (d *doctor) checkPython(ctx context.Context) []Check {
-	const name = "sglang"
-	if !d.kindSGLang() {
-		return nil
-	}
-	py := d.cfg.Server.Python
-	fix := "install SGLang (pip install sglang) into a Python 3 and set server.python to it"
-	path, err := exec.LookPath(py)
-	if err != nil {
-		return []Check{failCheck(name, fix, "server.python %q: %v", py, err)}
-	}
-	env := os.Environ()
-	for k, v := range d.cfg.Server.Env {
-		env = append(env, k+"="+v)
-	}
-	ctx, cancel := context.WithTimeoutCause(ctx, doctorPythonTimeout, fmt.Errorf("no answer in %v", doctorPythonTimeout))
-	defer cancel()
-	v, err := sglang.ProbePython(ctx, path, env)
-	if err != nil {
-		return []Check{failCheck(name, fix, "%v", err)}
-	}
-	return []Check{okCheck(name, "sglang %s in %s", v, path)}
 }
 
 // jobDirs are the folders a run creates, with the config key that sets each.
@@ -869,12 +532,4 @@ func (d *doctor) leftovers(dir string) stagingLeftovers {
 		}
 	}
 	return lo
-}
-
-func joinGPUIndices(xs []int) string {
-	s := make([]string, len(xs))
-	for i, x := range xs {
-		s[i] = strconv.Itoa(x)
-	}
-	return strings.Join(s, ",")
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang"
+	"github.com/extract-dev/extract/sglang/sglangtest"
 )
 
 const testHidden = 64 // 528 bytes a token in the output: 3 aux layers + final in bf16, the id and the loss mask
@@ -62,14 +63,35 @@ func doctorConfig(t *testing.T, kind, dataset string) *configs.Config {
 		cfg.Server.ModelPath = filepath.Join(dir, "model")
 		mustWriteFile(t, filepath.Join(cfg.Server.ModelPath, "config.json"), fmt.Sprintf(`{"architectures":["DeepseekV3ForCausalLM"],"hidden_size":%d,"num_hidden_layers":61}`, testHidden))
 		mustWriteFile(t, filepath.Join(cfg.Server.ModelPath, "model-00001-of-00001.safetensors"), "weights")
-		// A stand-in interpreter that answers the SGLang probe.
+		// A stand-in interpreter that answers the install probe as one with a pristine
+		// SGLang 0.5.8 wheel whose seams the hook all supports.
 		cfg.Server.Python = filepath.Join(dir, "python3")
-		mustWriteFile(t, cfg.Server.Python, "#!/bin/sh\necho 0.5.8\n")
+		mustWriteFile(t, cfg.Server.Python, "#!/bin/sh\n"+probeAnswer(t)+"\n")
 		if err := os.Chmod(cfg.Server.Python, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	return &cfg
+}
+
+// probeAnswer is a shell command that prints what sglang.InspectInstall's probe prints
+// for a real (fake) SGLang 0.5.8 wheel, installed afresh, whose seams are all supported:
+// the audit then runs for real against that wheel's RECORD.
+func probeAnswer(t *testing.T) string {
+	t.Helper()
+	site := sglangtest.Wheel(t, "0.5.8", sglangtest.Files("0.5.8"))
+	seams := map[string]string{}
+	for _, m := range []string{"server_args", "layers.logits_processor", "model_executor.forward_batch_info", "model_executor.model_runner", "managers.schedule_batch"} {
+		seams["sglang.srt."+m] = "ok: " + m
+	}
+	b, err := json.Marshal(map[string]any{
+		"location": filepath.Join(site, "sglang"), "version": "0.5.8", "site": site,
+		"dist_info": filepath.Join(site, "sglang-0.5.8.dist-info"), "dist_matches": true, "record": true, "seams": seams,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "echo 'extract-install-probe: " + string(b) + "'"
 }
 
 func mustWriteFile(t *testing.T, path, content string) {
@@ -506,7 +528,7 @@ func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
 	// from "started" until "go".
 	dir := t.TempDir()
 	started, goOn := filepath.Join(dir, "started"), filepath.Join(dir, "go")
-	mustWriteFile(t, cfg.Server.Python, fmt.Sprintf("#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.02; done\necho 0.5.8\n", started, goOn))
+	mustWriteFile(t, cfg.Server.Python, fmt.Sprintf("#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.02; done\n%s\n", started, goOn, probeAnswer(t)))
 	t.Cleanup(func() { os.WriteFile(goOn, nil, 0o644) })
 	type result struct {
 		rep DoctorReport
@@ -608,5 +630,105 @@ func TestAnUncreatableOutputDirIsAPreflightRefusalForRunAndDoctorAlike(t *testin
 				t.Errorf("doctor's Err() = %v; want ErrPreflight", rep.Err())
 			}
 		})
+	}
+}
+
+func TestDoctorReportsATruncatedIndexAsAFailedCheckNamingTheFileAndTheRepair(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(50, 10))
+	indexJob(t, cfg, samplesRange(0, 30))
+	path := filepath.Join(cfg.StateDir, "index.db")
+	// As in issue 8 (item 6): `truncate -s 10000 index.db` made every command die of SIGBUS.
+	if err := os.Truncate(path, 10000); err != nil {
+		t.Fatal(err)
+	}
+
+	rep, err := Doctor(context.Background(), cfg, DoctorOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := wantCheck(t, rep, "index", CheckFail, path, "damaged", "truncated")
+	for _, want := range []string{"extract verify --repair", "index.db.broken-", "rebuilds the index from the output files"} {
+		if !strings.Contains(c.Fix, want) {
+			t.Errorf("fix %q does not say %q", c.Fix, want)
+		}
+	}
+	if rep.OK {
+		t.Errorf("report OK with a damaged index:\n%s", reportJSON(rep))
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() != 10000 {
+		t.Errorf("doctor changed the damaged index: %v, %v", st, err)
+	}
+}
+
+func TestDoctorReportsTheSGLangVersionItsUnsupportedSeamsAndEveryHandPatchedFile(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skipf("no python3: %v", err)
+	}
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	// A real Python importing a fake SGLang wheel: the probe and the audit run for real.
+	site := sglangtest.Wheel(t, "0.0.7", sglangtest.Files("0.0.7"))
+	cfg.Server.Python = py
+	cfg.Server.Env = map[string]string{"PYTHONPATH": site}
+	node := sglang.NewGPUInspector(h200Node(nil))
+
+	rep := runDoctor(t, cfg, DoctorOptions{GPUs: node})
+	wantCheck(t, rep, "sglang", CheckOK, "sglang 0.0.7 in "+py, filepath.Join(site, "sglang"))
+	wantCheck(t, rep, "sglang install", CheckOK, "no file under sglang/srt differs from the wheel's RECORD")
+	// The fake has only ScheduleBatch of the five seams.
+	wantCheck(t, rep, "seams", CheckFail, "cannot patch 4 of the 5 seams of sglang 0.0.7",
+		"sglang.srt.server_args: cannot be imported", "the server would exit at start")
+
+	// The incident: the old dump patch still applied, in the model file and in a seam.
+	for _, f := range []string{"sglang/srt/models/deepseek_v2.py", "sglang/srt/layers/logits_processor.py"} {
+		fh, err := os.OpenFile(filepath.Join(site, f), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fh.WriteString("# HS dump patch\n")
+		fh.Close()
+	}
+	rep = runDoctor(t, cfg, DoctorOptions{GPUs: node})
+	c := wantCheck(t, rep, "sglang install", CheckWarn,
+		"2 file(s) under sglang/srt differ from the wheel's RECORD: sglang/srt/layers/logits_processor.py, sglang/srt/models/deepseek_v2.py",
+		"the dump hook patches sglang/srt/layers/logits_processor.py itself")
+	if !strings.Contains(c.Fix, "two writers into staging") || !strings.Contains(c.Fix, "pip install --force-reinstall --no-deps sglang==0.0.7") {
+		t.Errorf("fix %q", c.Fix)
+	}
+	if rep.SGLang == nil || len(rep.SGLang.Modified) != 2 || len(rep.SGLang.Unsupported) != 4 {
+		t.Fatalf("report's sglang facts %+v", rep.SGLang)
+	}
+	var back struct {
+		SGLang struct {
+			Version  string   `json:"version"`
+			Modified []string `json:"modified"`
+			Seams    []struct {
+				Name string `json:"name"`
+				OK   bool   `json:"ok"`
+			} `json:"seams"`
+		} `json:"sglang"`
+	}
+	if err := json.Unmarshal([]byte(reportJSON(rep)), &back); err != nil || back.SGLang.Version != "0.0.7" || len(back.SGLang.Modified) != 2 || len(back.SGLang.Seams) != 5 {
+		t.Errorf("JSON report's sglang: %+v (%v)", back.SGLang, err)
+	}
+}
+
+func TestDoctorWithTheSimulatorNeverProbesSGLang(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(4, 10))
+	touched := filepath.Join(t.TempDir(), "probed")
+	cfg.Server.Python = filepath.Join(t.TempDir(), "python3")
+	mustWriteFile(t, cfg.Server.Python, "#!/bin/sh\ntouch "+touched+"\n")
+	if err := os.Chmod(cfg.Server.Python, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := runDoctor(t, cfg, DoctorOptions{})
+	for _, c := range rep.Checks {
+		if c.Name == "sglang" || c.Name == "seams" || c.Name == "sglang install" {
+			t.Errorf("kind simulator reports %+v", c)
+		}
+	}
+	if _, err := os.Stat(touched); err == nil || rep.SGLang != nil {
+		t.Errorf("kind simulator ran server.python (facts %+v)", rep.SGLang)
 	}
 }
