@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 // Errors that map to the CLI's exit codes.
@@ -79,7 +79,8 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	defer ds.Close()
 	res.Total = ds.Len()
 	for _, dir := range []string{cfg.OutputDir, cfg.StateDir} {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
+		// Durably: a power cut must not take the state dir (and the index) with it.
+		if err := atomicfile.MkdirAll(dir, 0o755); err != nil {
 			return res, fmt.Errorf("create %s: %w", dir, err)
 		}
 	}
