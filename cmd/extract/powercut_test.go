@@ -89,9 +89,9 @@ func (r *powerRig) command(args ...string) *exec.Cmd {
 }
 
 // runOnce runs `extract run --resume` and cuts the power at a random moment: either a
-// random time after the start, or shortly after a new output file appears (the moment
-// an unsynced file would be lost). It reports whether the run finished before the cut.
-func (r *powerRig) runOnce(stopAfter func() bool) (finished bool) {
+// random time after the start, or shortly after new output files appear (the moment an
+// unsynced file would be lost). It reports whether the run finished before the cut.
+func (r *powerRig) runOnce() (finished bool) {
 	t := r.t
 	cmd := r.command("run", "--resume")
 	var errb bytes.Buffer
@@ -99,47 +99,52 @@ func (r *powerRig) runOnce(stopAfter func() bool) (finished bool) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() {
+		waitErr = cmd.Wait()
+		close(exited)
+	}()
 
 	var deadline <-chan time.Time
 	if r.rng.Intn(3) == 0 {
 		deadline = time.After(time.Duration(50+r.rng.Intn(1500)) * time.Millisecond)
 	} else {
-		deadline = r.afterNewOutput(time.Duration(r.rng.Intn(150))*time.Millisecond, exited)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("run exited on its own with %v\n%s", err, errb.String())
-		}
-		r.completedRuns++
-		return true
-	case <-deadline:
+		deadline = r.afterNewOutput(1+r.rng.Intn(4), time.Duration(r.rng.Intn(150))*time.Millisecond, exited)
 	}
 	// What the live run says is done was committed: it must survive the cut.
 	liveDone := -1
-	if st, ok := r.liveStatus(); ok {
-		liveDone = num(st["done"])
+	select {
+	case <-exited:
+		if waitErr != nil {
+			t.Fatalf("run exited on its own with %v\n%s", waitErr, errb.String())
+		}
+		r.completedRuns++
+		finished = true
+	case <-deadline:
+		if st, ok := r.liveStatus(); ok {
+			liveDone = num(st["done"])
+		}
 	}
+	// A finished job's disk is cut too: what it finished must stay finished.
 	r.cut(cmd, exited)
 	done := r.inspect()
 	if liveDone > done {
 		r.regressed++
 		t.Errorf("cut %d: the live run reported %d done, the index after the reboot has %d", r.cuts, liveDone, done)
 	}
-	return false
+	return finished
 }
 
-// afterNewOutput fires delay after a new data file shows up in the live output dir.
-func (r *powerRig) afterNewOutput(delay time.Duration, exited <-chan error) <-chan time.Time {
+// afterNewOutput fires delay after k new data files show up in the live output dir.
+func (r *powerRig) afterNewOutput(k int, delay time.Duration, exited <-chan struct{}) <-chan time.Time {
 	fire := make(chan time.Time, 1)
 	rows := filepath.Dir(checkpoint.OutputPath(r.j.out, 0))
 	before := countData(rows)
 	go func() {
 		giveUp := time.Now().Add(10 * time.Second)
-		for time.Now().Before(giveUp) && len(exited) == 0 {
-			if countData(rows) > before {
+		for time.Now().Before(giveUp) && !isClosed(exited) {
+			if countData(rows) >= before+k {
 				break
 			}
 			time.Sleep(5 * time.Millisecond)
@@ -148,6 +153,15 @@ func (r *powerRig) afterNewOutput(delay time.Duration, exited <-chan error) <-ch
 		fire <- time.Now()
 	}()
 	return fire
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 func countData(dir string) int {
@@ -177,7 +191,7 @@ func (r *powerRig) liveStatus() (map[string]any, bool) {
 
 // cut pulls the plug: every process of the job dies at once, the disk loses what was
 // not synced, and the staging tmpfs is empty after the "reboot".
-func (r *powerRig) cut(cmd *exec.Cmd, exited <-chan error) {
+func (r *powerRig) cut(cmd *exec.Cmd, exited <-chan struct{}) {
 	t := r.t
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	r.killServers()
@@ -426,11 +440,11 @@ func (r *powerRig) summary() string {
 func TestPowerCutsAtRandomMomentsLoseNothingThatWasDone(t *testing.T) {
 	start := time.Now()
 	const n = 120
-	// About a second of simulated GPU time per cut, so that the job spans all of them.
-	r := newPowerRig(t, extractBin, n, max(18000 / *powerCuts, 1))
+	// Slow enough that the job spans the cuts: a few samples per run.
+	r := newPowerRig(t, extractBin, n, max(30000 / *powerCuts, 1))
 	for r.cuts < *powerCuts {
-		if r.runOnce(nil) {
-			t.Logf("the job completed after %d cuts; cutting the finished job from now on", r.cuts)
+		if r.runOnce() && r.completedRuns == 1 {
+			t.Logf("the job completed before cut %d; the finished job is cut from now on", r.cuts)
 		}
 	}
 	res := r.j.run("run", "--resume")
@@ -474,9 +488,9 @@ func TestPowerCutWithoutOutputFsyncIsCaught(t *testing.T) {
 		t.Fatal(err)
 	}
 	const n = 120
-	r := newPowerRig(t, bin, n, max(18000 / *powerCuts, 1))
+	r := newPowerRig(t, bin, n, max(30000 / *powerCuts, 1))
 	for r.cuts < *powerCuts && r.lost+r.corrupt == 0 {
-		r.runOnce(nil)
+		r.runOnce()
 	}
 	t.Logf("%s", r.summary())
 	t.Logf("without the output fsync: %d power cuts, %d samples done in the index with their file lost, %d with it empty or corrupt", r.cuts, r.lost, r.corrupt)
