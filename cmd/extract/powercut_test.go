@@ -194,8 +194,9 @@ func (r *powerRig) liveStatus() (map[string]any, bool) {
 func (r *powerRig) cut(cmd *exec.Cmd, exited <-chan struct{}) {
 	t := r.t
 	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	r.killServers()
 	<-exited
+	for r.killServers() > 0 {
+	}
 	if err := r.disk.PowerCut(); err != nil {
 		t.Fatalf("power cut %d: %v", r.cuts+1, err)
 	}
@@ -208,8 +209,9 @@ func (r *powerRig) cut(cmd *exec.Cmd, exited <-chan struct{}) {
 
 // killServers kills every simulator serving this job. server.json may itself be lost
 // in a cut, so they are found by their command line (the job's own staging dir), and
-// killed by process group: the server runs in its own session.
-func (r *powerRig) killServers() {
+// killed by process group: the server runs in its own session. It returns how many it
+// killed.
+func (r *powerRig) killServers() int {
 	var pids []int
 	procs, _ := os.ReadDir("/proc")
 	for _, p := range procs {
@@ -223,7 +225,9 @@ func (r *powerRig) killServers() {
 		}
 		args := strings.Split(string(b), "\x00")
 		for i := 0; i+1 < len(args); i++ {
-			if args[i] == "--shm-dir" && args[i+1] == r.j.shmDir && strings.Contains(string(b), "simulate") {
+			// The server by its staging dir; a child forked by extract that has left the
+			// process group but not yet exec'd by the job's config.
+			if (args[i] == "--shm-dir" && args[i+1] == r.j.shmDir) || (args[i] == "--config" && args[i+1] == r.j.config) {
 				pids = append(pids, pid)
 				syscall.Kill(-pid, syscall.SIGKILL)
 				syscall.Kill(pid, syscall.SIGKILL)
@@ -241,6 +245,7 @@ func (r *powerRig) killServers() {
 			r.t.Fatalf("simulator pid %d survived SIGKILL", pid)
 		}
 	}
+	return len(pids)
 }
 
 // inspect reads the rebooted disk: which samples the index says are done, and whether
