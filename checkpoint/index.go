@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"path/filepath"
 	"sync"
 	"time"
 	"unicode/utf8"
 
 	bolt "go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 // SchemaVersion is the index layout this build reads and writes.
@@ -109,6 +112,11 @@ func Open(path string, opt OpenOptions) (*Index, error) {
 		err = ix.view(checkSchema)
 	} else {
 		err = ix.update(createBuckets)
+		// bbolt fsyncs its file but never its directory: without this a power cut can
+		// take index.db's name, and every commit with it.
+		if err == nil {
+			err = atomicfile.SyncDir(filepath.Dir(path))
+		}
 	}
 	if err != nil {
 		_ = db.Close()

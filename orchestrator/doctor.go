@@ -15,6 +15,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -249,7 +250,8 @@ func dirFix(key string) string {
 // is not fit to run, nothing failed midway.
 func makeJobDirs(cfg *configs.Config) error {
 	for _, d := range jobDirs(cfg) {
-		if err := os.MkdirAll(d.dir, 0o755); err != nil {
+		// Durably: a power cut must not take the state dir (and the index) with it.
+		if err := atomicfile.MkdirAll(d.dir, 0o755); err != nil {
 			return fmt.Errorf("%w: %s: cannot create %s %s: %w (fix: %s)", ErrPreflight, d.name, d.key, d.dir, err, dirFix(d.key))
 		}
 	}
