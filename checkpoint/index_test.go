@@ -469,7 +469,7 @@ func TestLoadOfOneMillionRecordsTakesUnderOneSecond(t *testing.T) {
 		t.Fatalf("sample 999999 = %s/%d", p.State[999_999], p.Attempt[999_999])
 	}
 	t.Logf("Load of %d records: %s", n, elapsed)
-	if elapsed > time.Second {
+	if elapsed > time.Second && !raceBuild {
 		t.Fatalf("Load took %s, want under 1s", elapsed)
 	}
 }

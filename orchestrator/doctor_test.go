@@ -137,6 +137,12 @@ func startSleep(t *testing.T, env ...string) int {
 		cmd.Process.Kill()
 		cmd.Wait()
 	})
+	// Under load the new process may not show its command line in /proc at once.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", cmd.Process.Pid)); strings.HasPrefix(string(b), "sleep") {
+			break
+		}
+	}
 	return cmd.Process.Pid
 }
 
