@@ -1,0 +1,408 @@
+"""HTTP front, batching worker and dump writing of the transformers server.
+
+Threads: http.server answers each connection on its own thread and queues /generate
+requests; one worker thread forms batches under the token budget and runs the forward;
+a small pool writes the dumps. A /generate answers only after its dump is renamed into
+place, so (unlike SGLang's hook, which writes after the answer) a 200 means the file is
+there.
+"""
+
+import argparse
+import concurrent.futures
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from extract_hook import writer
+
+from . import SERVER_VERSION, backend
+
+log = logging.getLogger("extract_hfserver")
+
+# The prefix the orchestrator looks for in a dead server's log (sglang.HookRefusal):
+# a refusal at start is a preflight failure (exit 3), not a crash worth a restart.
+FATAL = "extract-hook: FATAL: "
+EXIT_REFUSED = 3
+
+
+def check_layers(layers, num_layers):
+    """Layer id k is captured at the input of decoder layer k, as in SGLang (see
+    README.md), which is hidden_states[k]; k = num_layers has no decoder layer (HF's last
+    entry is post-norm), so ids run 1..num_layers-1."""
+    bad = [k for k in layers if not 1 <= k <= num_layers - 1]
+    if bad:
+        raise ValueError(
+            f"layers {','.join(map(str, layers))}: ids {bad} outside 1..{num_layers - 1} "
+            f"for a model of {num_layers} layers"
+        )
+
+
+class Request:
+    __slots__ = ("rid", "ids", "done", "error", "status")
+
+    def __init__(self, rid, ids):
+        self.rid, self.ids = rid, ids
+        self.done = threading.Event()
+        self.error, self.status = None, 200
+
+    def finish(self, status=200, error=None):
+        self.status, self.error = status, error
+        self.done.set()
+
+
+def plan_batch(pending, first, max_tokens, max_requests):
+    """Takes requests from the deque pending after first while the padded batch (longest
+    prompt x count) stays within max_tokens and max_requests. A prompt longer than the
+    budget runs alone. Returns the batch."""
+    batch = [first]
+    longest = len(first.ids)
+    while pending and len(batch) < max_requests:
+        nxt = pending[0]
+        width = max(longest, len(nxt.ids))
+        if width * (len(batch) + 1) > max_tokens:
+            break
+        pending.popleft()
+        batch.append(nxt)
+        longest = width
+    return batch
+
+
+class Engine:
+    """Owns the backend, the queue, the batch worker and the writer pool."""
+
+    def __init__(self, args):
+        self.args = args
+        self.layers = writer.parse_layers(args.layers)
+        self.model = None
+        self.ready = threading.Event()
+        self.dead = None  # set to a message when the worker died
+        self.queue = queue.Queue()
+        self.writers = concurrent.futures.ThreadPoolExecutor(max_workers=args.writers, thread_name_prefix="dump")
+        # Bounds rows copied to the host but not yet written: the worker waits for room.
+        self.in_host = threading.Semaphore(2)
+        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0}
+        self.stats_lock = threading.Lock()
+
+    def load(self):
+        opts = backend.Options(dtype=self.args.dtype, tp_size=self.args.tp_size, attn_implementation=self.args.attn_implementation)
+        model = backend.load(self.args.model_path, opts)
+        check_layers(self.layers, model.num_layers)
+        self.model = model
+
+    def start(self):
+        threading.Thread(target=self._worker, name="batcher", daemon=True).start()
+
+    def submit(self, req):
+        if self.dead:
+            req.finish(500, self.dead)
+        else:
+            self.queue.put(req)
+        return req
+
+    def _worker(self):
+        import collections
+
+        pending = collections.deque()
+        try:
+            while True:
+                if not pending:
+                    pending.append(self.queue.get())
+                # Gather what arrived meanwhile, and give a burst a moment to arrive.
+                deadline = time.monotonic() + self.args.batch_wait
+                while True:
+                    try:
+                        timeout = max(0.0, deadline - time.monotonic())
+                        pending.append(self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait())
+                    except queue.Empty:
+                        break
+                batch = plan_batch(pending, pending.popleft(), self.args.max_batch_tokens, self.args.max_batch_requests)
+                self._run(batch)
+        except BaseException as e:  # the server cannot serve any more: say so everywhere
+            log.exception("batch worker died")
+            self.dead = f"batch worker died: {type(e).__name__}: {e}"
+            for req in list(pending):
+                req.finish(500, self.dead)
+            while True:
+                try:
+                    self.queue.get_nowait().finish(500, self.dead)
+                except queue.Empty:
+                    break
+            # Exit rather than linger unable to serve: the orchestrator sees a dead server
+            # at once and restarts it (within server.max_restarts).
+            time.sleep(0.5)  # let the handlers answer the failed requests
+            os._exit(1)
+
+    def _run(self, batch):
+        import torch
+
+        model = self.model
+        width = max(len(r.ids) for r in batch)
+        ids = torch.zeros((len(batch), width), dtype=torch.int64)
+        mask = torch.zeros((len(batch), width), dtype=torch.int64)
+        for i, r in enumerate(batch):
+            # Right padding: position ids stay 0..T-1 for every request, and causal
+            # attention never lets a real token see the pads after it.
+            ids[i, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.int64)
+            mask[i, : len(r.ids)] = 1
+        started = time.monotonic()
+        try:
+            hidden_states, final = model.forward(ids.to(model.device), mask.to(model.device))
+            if len(hidden_states) != model.num_layers + 1:
+                raise RuntimeError(f"model returned {len(hidden_states)} hidden states, want {model.num_layers + 1}")
+            dev = final.device
+            aux = torch.cat([hidden_states[k].to(dev) for k in self.layers], dim=-1).to(torch.bfloat16)
+            final = final.to(torch.bfloat16)
+            self.in_host.acquire()
+            try:
+                aux, final = aux.cpu(), final.cpu()
+            except BaseException:
+                self.in_host.release()
+                raise
+        except _out_of_memory() as e:
+            # Too big a batch for this GPU: fail these requests (the orchestrator retries
+            # them) and keep serving; a smaller server.transformers.max_batch_tokens fixes it.
+            log.error("out of memory on a batch of %d requests x %d tokens: %s", len(batch), width, e)
+            for r in batch:
+                r.finish(503, f"out of memory on a batch of {len(batch)} x {width} tokens; lower server.transformers.max_batch_tokens")
+            return
+        elapsed = time.monotonic() - started
+        with self.stats_lock:
+            s = self.stats
+            s["batches"] += 1
+            s["requests"] += len(batch)
+            s["tokens"] += sum(len(r.ids) for r in batch)
+            s["padded_tokens"] += width * len(batch)
+            s["max_batch_requests_seen"] = max(s["max_batch_requests_seen"], len(batch))
+            s["forward_seconds"] += elapsed
+        self.writers.submit(self._write, batch, aux, final, ids)
+
+    def _write(self, batch, aux, final, ids):
+        try:
+            for i, r in enumerate(batch):
+                if r.rid is None:  # a health probe: the forward ran, nothing to dump
+                    r.finish()
+                    continue
+                t = len(r.ids)
+                try:
+                    writer.write_dump(
+                        self.args.shm_dir,
+                        r.rid,
+                        aux=_bytes(aux[i, :t]),
+                        hidden=_bytes(final[i, :t]),
+                        input_ids=_bytes(ids[i, :t]),
+                        tokens=t,
+                        hidden_size=self.model.hidden_size,
+                        layers=self.layers,
+                        model=self.args.model_path,
+                    )
+                except Exception as e:  # tmpfs full, dir gone: this request fails, the server goes on
+                    log.error("rid %s: dump failed: %s", r.rid, e)
+                    r.finish(500, f"dump of rid {r.rid} failed: {e}")
+                    continue
+                r.finish()
+        finally:
+            self.in_host.release()
+
+    def info(self):
+        with self.stats_lock:
+            stats = dict(self.stats)
+        m = self.model
+        return {
+            # The keys CheckCapture reads, with the values that mean "capture is whole":
+            # every prompt is one unchunked, uncached forward here by construction.
+            "model_path": self.args.model_path,
+            "tp_size": self.args.tp_size,
+            "disable_radix_cache": True,
+            "chunked_prefill_size": -1,
+            "enable_two_batch_overlap": False,
+            "version": f"extract-hfserver {SERVER_VERSION}",
+            "server_kind": "transformers",
+            "backend": m.name if m else None,
+            "layers": writer.format_layers(self.layers),
+            "dtype": self.args.dtype,
+            "max_batch_tokens": self.args.max_batch_tokens,
+            "max_batch_requests": self.args.max_batch_requests,
+            "ready": self.ready.is_set(),
+            "stats": stats,
+        }
+
+
+def _out_of_memory():
+    import torch
+
+    return getattr(torch.cuda, "OutOfMemoryError", MemoryError)
+
+
+def _bytes(tensor):
+    import torch
+
+    return memoryview(tensor.contiguous().view(torch.uint8).numpy())
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "extract-hfserver/" + SERVER_VERSION
+    protocol_version = "HTTP/1.1"
+    engine = None  # set by serve()
+
+    def log_message(self, fmt, *args):  # access log only at debug: one line a request is noise
+        log.debug("%s " + fmt, self.address_string(), *args)
+
+    def _json(self, status, body):
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def _error(self, status, message):
+        self._json(status, {"error": {"message": message, "code": status}})
+
+    def do_GET(self):
+        e = self.engine
+        path = self.path.split("?", 1)[0]
+        if path in ("/server_info", "/get_server_info"):
+            return self._json(200, e.info())
+        if path == "/model_info":
+            m = e.model
+            if m is None:
+                return self._error(503, "model is loading")
+            return self._json(200, {"model_path": e.args.model_path, "is_generation": True,
+                                    "hidden_size": m.hidden_size, "num_layers": m.num_layers,
+                                    "architectures": m.architectures})
+        if path == "/health":
+            if e.dead:
+                return self._error(500, e.dead)
+            if not e.ready.is_set():
+                return self._error(503, "model is loading")
+            return self._json(200, {})
+        if path == "/health_generate":
+            # As SGLang: answer only after a real forward, so a hung GPU shows as a hang.
+            if not e.ready.is_set():
+                return self._error(503, "model is loading")
+            req = e.submit(Request(None, [0]))
+            req.done.wait()
+            if req.status != 200:
+                return self._error(req.status, req.error)
+            return self._json(200, {})
+        self._error(404, f"no endpoint {path}")
+
+    def do_POST(self):
+        e = self.engine
+        path = self.path.split("?", 1)[0]
+        if path != "/generate":
+            return self._error(404, f"no endpoint {path}")
+        started = time.monotonic()
+        try:
+            n = int(self.headers.get("Content-Length", "0"))
+            body = json.loads(self.rfile.read(n) or b"{}")
+        except (ValueError, json.JSONDecodeError) as err:
+            return self._error(400, f"request body is not JSON: {err}")
+        if not e.ready.is_set():
+            return self._error(503, "model is loading")
+        rid, ids, msg = parse_generate(body, e.model)
+        if msg:
+            return self._error(400, msg)
+        req = e.submit(Request(rid, ids))
+        req.done.wait()
+        if req.status != 200:
+            return self._error(req.status, req.error)
+        self._json(200, {
+            "text": "",
+            "output_ids": [],
+            "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": 0,
+                          "finish_reason": {"type": "length", "length": 0},
+                          "e2e_latency": time.monotonic() - started},
+        })
+
+
+def parse_generate(body, model):
+    """Returns (rid, ids, error message) for a /generate body."""
+    if not isinstance(body, dict):
+        return None, None, "request body must be a JSON object"
+    rid = body.get("rid")
+    try:
+        writer.check_rid(rid)
+    except ValueError as err:
+        return None, None, str(err)
+    ids, text = body.get("input_ids"), body.get("text")
+    if (ids is None) == (text is None):
+        return rid, None, "set exactly one of input_ids and text"
+    if text is not None:
+        if model.tokenizer is None:
+            return rid, None, "this model folder has no tokenizer: give input_ids"
+        if not isinstance(text, str):
+            return rid, None, "text must be a string"
+        ids = model.tokenizer(text)
+    if not isinstance(ids, list) or not ids:
+        return rid, None, "input_ids must be a non-empty list of integers"
+    for i in ids:
+        # An id outside the vocabulary would be a device-side assert on a GPU, which
+        # kills the process: refuse it here instead.
+        if type(i) is not int or i < 0 or (model.vocab_size is not None and i >= model.vocab_size):
+            return rid, None, f"input id {i!r} is not an integer in [0, {model.vocab_size})"
+    return rid, ids, None
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="extract_hfserver")
+    p.add_argument("--model-path", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--tp-size", type=int, default=1)
+    p.add_argument("--shm-dir", required=True)
+    p.add_argument("--layers", required=True, help="effective layers_to_capture, e.g. 2,30,58")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--attn-implementation", default="")
+    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward")
+    p.add_argument("--max-batch-requests", type=int, default=64)
+    p.add_argument("--batch-wait", type=float, default=0.005, help="seconds a batch waits for more requests")
+    p.add_argument("--writers", type=int, default=4)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    engine = Engine(args)  # parses --layers
+    if not os.path.isdir(args.shm_dir):
+        print(f"{FATAL}staging dir {args.shm_dir} is not a directory", flush=True)
+        return EXIT_REFUSED
+    # Listen before loading, as SGLang does not: a probe gets 503 "loading" rather than a
+    # refused connection, and the orchestrator tells a slow load from a dead server.
+    Handler.engine = engine
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
+    log.info("listening on %s:%d; loading %s", args.host, args.port, args.model_path)
+    started = time.monotonic()
+    try:
+        engine.load()
+    except ValueError as e:  # the layers do not fit the model: a restart would refuse again
+        print(f"{FATAL}{e}", flush=True)
+        return EXIT_REFUSED
+    m = engine.model
+    log.info("loaded %s (%s, %d layers, hidden %d) in %.1fs on %s", args.model_path, m.name, m.num_layers, m.hidden_size, time.monotonic() - started, m.device)
+    engine.start()
+    # One forward before the marker: the first CUDA call (kernels, allocator) happens
+    # now, not inside the first real request's timeout.
+    warm = engine.submit(Request(None, [0] * 8))
+    warm.done.wait()
+    if warm.status != 200:
+        print(f"extract-hfserver: warm-up forward failed: {warm.error}", flush=True)
+        return 1
+    writer.remove_stale_markers(args.shm_dir)
+    writer.write_marker(args.shm_dir, os.getpid(), {
+        "layers": writer.format_layers(engine.layers), "model": args.model_path,
+        "tp_size": args.tp_size, "server": "transformers", "server_version": SERVER_VERSION,
+        "backend": m.name,
+    })
+    engine.ready.set()
+    log.info("The server is fired up and ready to roll!")
+    while True:
+        time.sleep(3600)
