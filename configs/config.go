@@ -42,7 +42,7 @@ type Config struct {
 
 // Server describes the SGLang server (or the simulator standing in for it).
 type Server struct {
-	Kind           string            `mapstructure:"kind"` // sglang | simulator
+	Kind           string            `mapstructure:"kind"` // sglang | transformers | simulator
 	Host           string            `mapstructure:"host"`
 	Port           int               `mapstructure:"port"`
 	ModelPath      string            `mapstructure:"model_path"`
@@ -67,6 +67,18 @@ type Server struct {
 	RestartWindow time.Duration `mapstructure:"restart_window"`
 	LogMaxSize    ByteSize      `mapstructure:"log_max_size"`
 	Simulator     Simulator     `mapstructure:"simulator"`
+	Transformers  Transformers  `mapstructure:"transformers"`
+}
+
+// Transformers configures extract's own server over a Hugging Face model
+// (server.kind: transformers; see docs/server.md).
+type Transformers struct {
+	// MaxBatchTokens bounds one forward: longest prompt × prompts in the batch.
+	MaxBatchTokens   int    `mapstructure:"max_batch_tokens"`
+	MaxBatchRequests int    `mapstructure:"max_batch_requests"`
+	Dtype            string `mapstructure:"dtype"` // bfloat16 | float16 | float32
+	// AttnImplementation goes to from_pretrained when set: sdpa, eager, flash_attention_2.
+	AttnImplementation string `mapstructure:"attn_implementation"`
 }
 
 // Simulator configures the embedded SGLang simulator (server.kind: simulator).
@@ -135,6 +147,7 @@ func Default() Config {
 			RestartWindow:  30 * time.Minute,
 			LogMaxSize:     256 << 20,
 			Simulator:      Simulator{HiddenSize: 64},
+			Transformers:   Transformers{MaxBatchTokens: 16384, MaxBatchRequests: 64, Dtype: "bfloat16"},
 		},
 		Run: Run{
 			MaxInflight:    32,
@@ -149,6 +162,20 @@ func Default() Config {
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
 	}
+}
+
+// upperEnvKeys undoes viper's folding of map keys to lower case for server.env: the
+// server would otherwise get hf_home=... for HF_HOME. Environment variable names are
+// taken as upper case.
+func upperEnvKeys(env map[string]string) map[string]string {
+	if env == nil {
+		return nil
+	}
+	out := make(map[string]string, len(env))
+	for k, v := range env {
+		out[strings.ToUpper(k)] = v
+	}
+	return out
 }
 
 // Flag binds a command-line flag to a config key.
@@ -192,6 +219,7 @@ func Load(file string, flags []Flag) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
 	}
+	c.Server.Env = upperEnvKeys(c.Server.Env)
 	base := ""
 	if file != "" {
 		abs, err := filepath.Abs(file)
@@ -358,9 +386,29 @@ func (c *Config) Validate() error {
 		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
 			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
 		}
+	case "transformers":
+		if c.Server.ModelPath == "" {
+			bad("server.model_path", "required when server.kind is transformers (a local model folder)")
+		}
+		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
+			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
+		}
+		for _, l := range c.Server.Layers {
+			// Layer k is captured at the input of decoder layer k (hidden_states[k]); HF's
+			// entry num_layers is the post-norm output, not an input of any layer.
+			if l < 1 || l >= c.Server.NumLayers {
+				bad("server.layers", "layer %d: server.kind transformers captures at the input of a decoder layer, 1..%d", l, c.Server.NumLayers-1)
+			}
+		}
 	case "simulator":
 	default:
-		bad("server.kind", "must be sglang or simulator, got %q", c.Server.Kind)
+		bad("server.kind", "must be sglang, transformers or simulator, got %q", c.Server.Kind)
+	}
+	tf := c.Server.Transformers
+	intIn("server.transformers.max_batch_tokens", tf.MaxBatchTokens, 1, 1<<24)
+	intIn("server.transformers.max_batch_requests", tf.MaxBatchRequests, 1, 1<<16)
+	if !slices.Contains([]string{"bfloat16", "float16", "float32"}, tf.Dtype) {
+		bad("server.transformers.dtype", "must be bfloat16, float16 or float32, got %q (dumps are bf16 whatever the compute dtype)", tf.Dtype)
 	}
 	// Both widths are checked whichever kind runs: the other one is a switch of
 	// server.kind away from being used.

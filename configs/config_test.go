@@ -159,3 +159,32 @@ func TestFingerprintChangesWithWhatShapesOutputs(t *testing.T) {
 		t.Error("layers did not change the fingerprint")
 	}
 }
+
+func TestServerEnvKeysReachTheServerInUpperCaseThoughViperFoldsThem(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	yaml := "dataset: x.jsonl\noutput_dir: out\nserver:\n  kind: transformers\n  model_path: m\n  num_layers: 8\n  layers: [1, 4, 7]\n  env:\n    HF_HOME: /x\n    PYTHONPATH: /p\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Load(file, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Server.Env["HF_HOME"] != "/x" || c.Server.Env["PYTHONPATH"] != "/p" || len(c.Server.Env) != 2 {
+		t.Fatalf("server.env = %v", c.Server.Env)
+	}
+}
+
+func TestTransformersLayersMustBeInputsOfDecoderLayers(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	yaml := "dataset: x.jsonl\noutput_dir: out\nserver:\n  kind: transformers\n  model_path: m\n  num_layers: 8\n  layers: [1, 4, 8]\n"
+	if err := os.WriteFile(file, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Load(file, nil)
+	if err == nil || !strings.Contains(err.Error(), "server.layers") || !strings.Contains(err.Error(), "1..7") {
+		t.Fatalf("layer 8 of 8 accepted for kind transformers: %v", err)
+	}
+}

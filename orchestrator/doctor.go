@@ -140,6 +140,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		{true, d.checkModel},
 		{true, d.checkHook},
 		{true, d.checkSGLang},
+		{true, d.checkTransformers},
 		{false, func(context.Context) []Check { return []Check{dataset} }},
 		{false, d.checkDirs},
 		{false, d.checkFiles},

@@ -19,14 +19,14 @@ import (
 )
 
 func (d *doctor) checkGPUs(context.Context) []Check {
-	if !d.kindSGLang() {
+	if !d.usesGPUs() {
 		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	wanted := d.cfg.GPUIndices()
 	rep := d.opt.GPUs.Inspect(wanted)
 	if !rep.Available {
 		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
-			"%s; server.kind sglang needs GPUs %s", rep.Reason, joinGPUIndices(wanted))}
+			"%s; server.kind %s needs GPUs %s", rep.Reason, d.cfg.Server.Kind, joinGPUIndices(wanted))}
 	}
 	var absent []int
 	for _, g := range rep.GPUs {
@@ -108,7 +108,7 @@ func (d *doctor) checkPort(context.Context) []Check {
 // dump the wrong width, and every one of them rejected.
 func (d *doctor) checkModel(context.Context) []Check {
 	const name = "model"
-	if !d.kindSGLang() {
+	if !d.usesGPUs() {
 		return []Check{okCheck(name, "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	dir := d.cfg.Server.ModelPath
@@ -149,7 +149,7 @@ func (d *doctor) checkModel(context.Context) []Check {
 // checkHook reports the hook this binary ships and the ones armed in live servers.
 func (d *doctor) checkHook(context.Context) []Check {
 	const name = "hook"
-	if !d.kindSGLang() {
+	if !d.kindSGLang() && !d.kindTransformers() {
 		return []Check{okCheck(name, "none needed (the simulator writes dumps itself)")}
 	}
 	ours := sglang.HookVersion()

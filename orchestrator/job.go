@@ -210,6 +210,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
 			RequestLog:      s.Simulator.RequestLog,
 		},
+		Transformers: transformersSpec(cfg),
 	}
 }
 

@@ -19,6 +19,9 @@ import (
 const (
 	KindSGLang    = "sglang"
 	KindSimulator = "simulator"
+	// KindTransformers is extract's own Python server over a Hugging Face model
+	// (transformers.go, hfserver/).
+	KindTransformers = "transformers"
 )
 
 // LaunchSpec is everything that determines how the server is started. Two specs with
@@ -40,8 +43,9 @@ type LaunchSpec struct {
 	ShmDir string
 	// HookDir is where the dump hook shipped in this binary is installed for kind sglang;
 	// it goes first on the server's PYTHONPATH, where sitecustomize.py activates it.
-	HookDir   string
-	Simulator SimulatorSpec
+	HookDir      string
+	Simulator    SimulatorSpec
+	Transformers TransformersSpec
 }
 
 // SimulatorSpec configures kind simulator; Executable is the extract binary, whose hidden
@@ -161,6 +165,8 @@ func (s LaunchSpec) validate() error {
 	switch s.Kind {
 	case KindSGLang:
 		bad = append(bad, extraArgProblems(s.ExtraArgs)...)
+	case KindTransformers:
+		bad = append(bad, s.Transformers.problems(s.ExtraArgs)...)
 	case KindSimulator:
 		if s.Simulator.Executable == "" {
 			bad = append(bad, "simulator executable is empty")
@@ -169,7 +175,7 @@ func (s LaunchSpec) validate() error {
 			bad = append(bad, "simulator hidden size and num layers must be positive")
 		}
 	default:
-		bad = append(bad, fmt.Sprintf("kind %q is neither %q nor %q", s.Kind, KindSGLang, KindSimulator))
+		bad = append(bad, fmt.Sprintf("kind %q is not %q, %q or %q", s.Kind, KindSGLang, KindTransformers, KindSimulator))
 	}
 	if len(bad) > 0 {
 		return errors.New("server launch spec: " + strings.Join(bad, "; "))
@@ -215,6 +221,9 @@ func (s LaunchSpec) Argv() ([]string, error) {
 	if python == "" {
 		python = "python3"
 	}
+	if s.Kind == KindTransformers {
+		return append(s.transformersArgv(python, port), s.ExtraArgs...), nil
+	}
 	argv := []string{python, "-m", "sglang.launch_server",
 		"--model-path", s.ModelPath, "--tp-size", strconv.Itoa(s.TPSize),
 		"--host", s.Host, "--port", port}
@@ -240,7 +249,7 @@ func (s LaunchSpec) addedEnv() []string {
 		}
 		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 	}
-	if s.Kind == KindSGLang && s.HookDir != "" {
+	if (s.Kind == KindSGLang || s.Kind == KindTransformers) && s.HookDir != "" {
 		path := s.HookDir
 		if prev := s.Env["PYTHONPATH"]; prev != "" {
 			path += ":" + prev
@@ -248,6 +257,11 @@ func (s LaunchSpec) addedEnv() []string {
 			path += ":" + prev
 		}
 		env = append(env, "PYTHONPATH="+path)
+	}
+	if s.Kind == KindTransformers {
+		// The server takes the staging dir and layers from its argv; without
+		// SGLANG_HS_DIR the hook's sitecustomize.py on the same path stays idle.
+		return append(env, transformersEnv...)
 	}
 	return append(env, "SGLANG_HS_DIR="+s.ShmDir, "SGLANG_HS_LAYERS="+joinLayers(s.Layers))
 }

@@ -294,8 +294,8 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 	if err := os.MkdirAll(m.Spec.ShmDir, 0o755); err != nil {
 		return nil, fmt.Errorf("server shm dir: %w", err)
 	}
-	if m.Spec.Kind == KindSGLang && m.Spec.HookDir != "" {
-		if err := InstallHook(m.Spec.HookDir); err != nil {
+	if m.Spec.HookDir != "" {
+		if err := m.Spec.installPython(); err != nil {
 			return nil, err
 		}
 	}
