@@ -104,10 +104,13 @@ def load_transformers(model_path, options):
         kwargs["device_map"] = {"": 0}
         device = torch.device("cuda:0")
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **kwargs)
-    except TypeError:
-        # transformers before 4.56 names the argument torch_dtype.
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype, **kwargs)
+        model = _from_pretrained(transformers, model_path, dtype, kwargs)
+    except (ImportError, ValueError) as e:
+        # A device_map needs accelerate on some transformers; one GPU does without it.
+        if "accelerate" not in str(e) or options.tp_size > 1:
+            raise
+        kwargs.pop("device_map", None)
+        model = _from_pretrained(transformers, model_path, dtype, kwargs)
     if "device_map" not in kwargs:
         model.to(device)
     model.eval()
@@ -120,3 +123,11 @@ def load_transformers(model_path, options):
     except Exception as e:  # a folder with weights only: text samples are refused
         print(f"extract-hfserver: no tokenizer in {model_path} ({type(e).__name__}); text requests will be refused", flush=True)
     return TransformersBackend(model, tokenizer, device)
+
+
+def _from_pretrained(transformers, model_path, dtype, kwargs):
+    try:
+        return transformers.AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **kwargs)
+    except TypeError:
+        # transformers before 4.56 names the argument torch_dtype.
+        return transformers.AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype, **kwargs)

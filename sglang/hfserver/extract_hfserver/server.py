@@ -179,6 +179,10 @@ class Engine:
             s["padded_tokens"] += width * len(batch)
             s["max_batch_requests_seen"] = max(s["max_batch_requests_seen"], len(batch))
             s["forward_seconds"] += elapsed
+        # One line a batch: with it an offline forward can replay the very same batch
+        # (same padding, same shapes, same kernels) and compare bit for bit
+        # (scripts/device_transformers.py); "-" is a health probe's [0].
+        log.info("batch %d: width %d rids %s", s["batches"], width, ",".join(r.rid or "-" for r in batch))
         self.writers.submit(self._write, batch, aux, final, ids)
 
     def _write(self, batch, aux, final, ids):
