@@ -50,7 +50,7 @@ func (d *doctor) checkTransformers(ctx context.Context) []Check {
 	if err != nil {
 		return []Check{failCheck("python", fixPy, "%v", err)}
 	}
-	checks := []Check{d.checkTransformersServer()}
+	var checks []Check
 	if f.TorchErr != "" {
 		return append(checks, failCheck("torch", fixPy, "%s (Python %s) cannot import torch: %s", path, f.Python, f.TorchErr))
 	}
@@ -87,17 +87,8 @@ func (d *doctor) checkTransformers(ctx context.Context) []Check {
 	return checks
 }
 
-// checkTransformersServer names the server shipped in this binary and the live one.
-func (d *doctor) checkTransformersServer() Check {
-	reason := fmt.Sprintf("transformers server shipped in this binary (writer of dump hook %s); installed at launch into %s", sglang.HookVersion(), sglang.HookDirName())
-	for _, m := range sglang.LiveHookMarkers(d.cfg.ShmDir) {
-		reason += fmt.Sprintf("; live server pid %d (layers %s, model %s)", m.PID, m.Layers, m.Model)
-	}
-	return okCheck("server", "%s", reason)
-}
-
 func (d *doctor) checkTransformersModel(f sglang.TransformersFacts) Check {
-	const name = "model"
+	const name = "model config"
 	s := d.cfg.Server
 	if f.ConfigErr != "" {
 		return failCheck(name, "set server.model_path to a local model folder with config.json (nothing is downloaded)",

@@ -124,7 +124,7 @@ wait $RUN 2>/dev/null
 SPID2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$W/b1-out/.extract/server.json")
 [ "$SPID2" != "$SPID" ] || { FAIL=1; say "FAIL: no new server after the kill"; }
 "$BIN" doctor --config "$W/b1.yaml" >"$W/doctor.txt" 2>&1
-say "doctor (server $SPID2 alive, orchestrator dead): $(grep -E '^\S*\s*(gpu 0|cuda|torch|transformers|model|gpu memory)\b' "$W/doctor.txt" | tr '\n' '|' | cut -c1-900)"
+say "doctor (server $SPID2 alive, orchestrator dead): $(grep -E '^\S*\s*(gpu 0|cuda|torch|transformers|model|model config|gpu memory|hook)\b' "$W/doctor.txt" | tr '\n' '|' | cut -c1-900)"
 grep -q "held by our server (pid $SPID2" "$W/doctor.txt" || { FAIL=1; say "FAIL: doctor does not name server pid $SPID2 on the GPU as ours (see $W/doctor.txt)"; }
 "$BIN" run --resume --config "$W/b1.yaml" >"$W/b1-resume.stdout" 2>"$W/b1-resume.stderr" || { FAIL=1; say "FAIL: resume: $(tail -3 "$W/b1-resume.stderr")"; }
 grep -q "adopting server" "$W/b1-out/.extract/logs/extract.log" "$W/b1-resume.stderr" && say "resume adopted server $SPID2"
