@@ -133,5 +133,11 @@ check b1 "$W/big" batched 2,4,6
 
 say "== total $(python3 -c "print(round($(now) - $T0))")s; $([ $FAIL -eq 0 ] && echo PASS || echo FAIL)"
 rm -rf "$SHM"
+# The device tool brings back what is under $OUT: the summary, doctor's report, log tails.
+if [ -n "${OUT:-}" ]; then
+  cp "$SUMMARY" "$W/doctor.txt" "$OUT/" 2>/dev/null
+  for j in a1 a2 b0 b1; do tail -c 200000 "$W/$j-out/.extract/logs/server.log" >"$OUT/$j-server.log" 2>/dev/null; done
+  tail -c 200000 "$W/b1-out/.extract/logs/extract.log" >"$OUT/b1-extract.log" 2>/dev/null
+fi
 echo; echo "==== SUMMARY"; cat "$SUMMARY"
 exit $FAIL
