@@ -96,15 +96,17 @@ def read_batches(log_path):
     """rid -> list of (batch width, [rid or None, ...]) from the server's batch lines."""
     pat = re.compile(r"batch \d+: width (\d+) rids (\S+)")
     by_rid = {}
-    with open(log_path, errors="replace") as f:
-        for line in f:
-            m = pat.search(line)
-            if not m:
-                continue
-            rids = [None if r == "-" else r for r in m.group(2).split(",")]
-            for r in rids:
-                if r:
-                    by_rid.setdefault(r, []).append((int(m.group(1)), rids))
+    # Each launch rotates the log to server.log.1 ... .5: a restarted server's batches
+    # before the kill are there.
+    paths = [log_path] + [f"{log_path}.{i}" for i in range(1, 6)]
+    for line in (l for p in paths if os.path.exists(p) for l in open(p, errors="replace")):
+        m = pat.search(line)
+        if not m:
+            continue
+        rids = [None if r == "-" else r for r in m.group(2).split(",")]
+        for r in rids:
+            if r:
+                by_rid.setdefault(r, []).append((int(m.group(1)), rids))
     return by_rid
 
 
