@@ -36,6 +36,7 @@ var (
 	keyTotal              = []byte("total")
 	keyCreated            = []byte("created")
 	keyAttemptBase        = []byte("attempt_base")
+	keyOutputFormat       = []byte("output_format")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
@@ -182,6 +183,9 @@ type Meta struct {
 	// output dir. Init writes it (a rebuilt index may carry one over); Reset raises it;
 	// a v1 index without the key reads as 0.
 	AttemptBase int
+	// OutputFormat is the layout's name ("specforge+gzip"): where verify looks for
+	// files. Optional; an index without it is safetensors.
+	OutputFormat string
 }
 
 // Meta returns the job's metadata, and false when no job has been initialised.
@@ -221,6 +225,7 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 		ConfigFingerprint:  string(b.Get(keyConfigFingerprint)),
 		Total:              int(binary.BigEndian.Uint64(total)),
 		Created:            created,
+		OutputFormat:       string(b.Get(keyOutputFormat)),
 	}, true, nil
 }
 
@@ -264,6 +269,7 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 		{keyTotal, u64(uint64(m.Total))},
 		{keyCreated, []byte(m.Created.UTC().Format(time.RFC3339Nano))},
 		{keyAttemptBase, u64(uint64(m.AttemptBase))},
+		{keyOutputFormat, []byte(m.OutputFormat)},
 	} {
 		if err := b.Put(kv.k, kv.v); err != nil {
 			return fmt.Errorf("write meta %s: %w", kv.k, err)

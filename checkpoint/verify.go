@@ -3,6 +3,7 @@ package checkpoint
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -14,8 +15,6 @@ import (
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // OutputInfo is what an output file says about itself.
@@ -65,27 +64,31 @@ func wrong(format string, args ...any) error { return fmt.Errorf(format, args...
 // against the job: width and layers always, and when deep the token count and the
 // input_ids and loss_mask bytes against the dataset's.
 func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf []byte) (OutputInfo, error) {
-	f, err := os.Open(path)
+	sf, err := openSample(path)
 	if err != nil {
 		return OutputInfo{}, err
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return OutputInfo{}, err
+	defer sf.Close()
+	return sf.check(ctx, deep, want, buf)
+}
+
+// errForeign is a file without extract's metadata: another tool's, brought in by import.
+var errForeign = errors.New("no extract metadata: not extract's output format (another tool's file)")
+
+// info reads extract's metadata of an opened file.
+func (sf *sampleFile) info() (OutputInfo, error) {
+	md := sf.md
+	if md == nil {
+		return OutputInfo{}, errForeign
 	}
-	h, err := safetensors.ReadHeader(f, st.Size())
-	if err != nil {
-		return OutputInfo{}, err
-	}
-	md := h.Metadata
 	if md["format"] != outputFormat {
 		return OutputInfo{}, fmt.Errorf("format %q, want %q", md["format"], outputFormat)
 	}
 	info := OutputInfo{
-		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size(),
+		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: sf.size,
 		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
 	}
+	var err error
 	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {
 		return OutputInfo{}, fmt.Errorf("metadata sample %q is not a sample index", md["sample"])
 	}
@@ -98,11 +101,29 @@ func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf
 		return OutputInfo{}, fmt.Errorf("metadata crc32c %q is not 8 lowercase hex digits", c)
 	}
 	info.CRC32C = uint32(sum)
-	if err := checkOutputTensors(h, int64(info.Tokens)); err != nil {
+	if sf.gz {
+		if info.HiddenSize, err = strconv.Atoi(md["hidden_size"]); err != nil || info.HiddenSize < 1 {
+			return OutputInfo{}, fmt.Errorf("metadata hidden_size %q is not a width", md["hidden_size"])
+		}
+		return info, nil
+	}
+	if !sf.hasMask {
+		return OutputInfo{}, errors.New("no tensor " + tensorLossMask)
+	}
+	if sf.tokens() != int64(info.Tokens) {
+		return OutputInfo{}, fmt.Errorf("tensor %s has %d rows, metadata says %d tokens", sf.t[0].name, sf.tokens(), info.Tokens)
+	}
+	info.HiddenSize = int(sf.hidden())
+	return info, nil
+}
+
+// check reads the file's metadata and checks it against want; deep also recomputes the
+// crc32c of the tensor bytes and, with the dataset's sample, compares the tokens.
+func (sf *sampleFile) check(ctx context.Context, deep bool, want *fileWant, buf []byte) (OutputInfo, error) {
+	info, err := sf.info()
+	if err != nil {
 		return OutputInfo{}, err
 	}
-	hidden, _ := h.Tensor(tensorHidden)
-	info.HiddenSize = int(hidden.Shape[1])
 	if want != nil {
 		if want.hidden > 0 && info.HiddenSize != want.hidden {
 			return OutputInfo{}, wrong("hidden size %d, the job's is %d", info.HiddenSize, want.hidden)
@@ -117,99 +138,95 @@ func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf
 	if !deep {
 		return info, nil
 	}
-	got := uint32(0)
-	for off := h.DataStart; off < st.Size(); {
-		if err := ctx.Err(); err != nil {
-			return OutputInfo{}, err
-		}
-		chunk := buf[:min(st.Size()-off, int64(len(buf)))]
-		if _, err := f.ReadAt(chunk, off); err != nil {
-			return OutputInfo{}, fmt.Errorf("read data at %d: %w", off, err)
-		}
-		got = crc32.Update(got, castagnoli, chunk)
-		off += int64(len(chunk))
-	}
-	if got != info.CRC32C {
-		return OutputInfo{}, fmt.Errorf("crc32c mismatch: metadata %08x, data %08x", info.CRC32C, got)
-	}
-	if want == nil || !want.haveSample {
-		return info, nil
-	}
 	T := int64(info.Tokens)
-	if want.haveIDs && int64(len(want.ids)) != T {
-		return OutputInfo{}, wrong("%d tokens, the dataset's sample has %d", T, len(want.ids))
-	}
-	if want.mask != nil && int64(len(want.mask)) != T {
-		return OutputInfo{}, wrong("%d tokens, the dataset's loss_mask has %d", T, len(want.mask))
-	}
-	ids, _ := h.Tensor(tensorInputIDs)
-	mask, _ := h.Tensor(tensorLossMask)
-	if want.haveIDs {
-		if err := compareInt64s(ctx, f, h.DataStart+ids.Begin, tensorInputIDs, T, want.ids, buf); err != nil {
-			return OutputInfo{}, err
+	compare := want != nil && want.haveSample
+	if compare {
+		if want.haveIDs && int64(len(want.ids)) != T {
+			return OutputInfo{}, wrong("%d tokens, the dataset's sample has %d", T, len(want.ids))
+		}
+		if want.mask != nil && int64(len(want.mask)) != T {
+			return OutputInfo{}, wrong("%d tokens, the dataset's loss_mask has %d", T, len(want.mask))
 		}
 	}
-	if err := compareInt64s(ctx, f, h.DataStart+mask.Begin, tensorLossMask, T, want.mask, buf); err != nil {
+	sum, roles := uint32(0), 0
+	err = sf.walk(ctx, func(role int, r io.Reader) error {
+		if role != roles {
+			return fmt.Errorf("tensor %s out of order: its crc32c cannot be checked", sf.t[role].name)
+		}
+		roles++
+		var cmp io.Writer = io.Discard
+		switch {
+		case compare && role == 0 && want.haveIDs:
+			cmp = &int64Cmp{name: tensorInputIDs, want: want.ids}
+		case compare && role == 1:
+			cmp = &int64Cmp{name: tensorLossMask, want: want.mask, ones: want.mask == nil}
+		}
+		for {
+			n, err := r.Read(buf)
+			sum = crc32.Update(sum, castagnoli, buf[:n])
+			if _, werr := cmp.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", sf.t[role].name, err)
+			}
+		}
+	})
+	if err != nil {
 		return OutputInfo{}, err
+	}
+	if sf.gz {
+		if roles != 4 || !sf.hasMask {
+			return OutputInfo{}, errors.New("tensors missing from the stream")
+		}
+		if sf.tokens() != T || sf.hidden() != int64(info.HiddenSize) {
+			return OutputInfo{}, fmt.Errorf("tensors hold %d tokens of width %d, metadata says %d of %d", sf.tokens(), sf.hidden(), T, info.HiddenSize)
+		}
+	}
+	if sum != info.CRC32C {
+		return OutputInfo{}, fmt.Errorf("crc32c mismatch: metadata %08x, data %08x", info.CRC32C, sum)
 	}
 	return info, nil
 }
 
-// compareInt64s compares n little-endian int64s at off with want (nil: all ones, the
-// default loss mask) in chunks, naming the first position that differs.
-func compareInt64s(ctx context.Context, f io.ReaderAt, off int64, name string, n int64, want []int64, buf []byte) error {
-	per := int64(len(buf) / 8)
-	for pos := int64(0); pos < n; pos += per {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		k := min(per, n-pos)
-		chunk := buf[:k*8]
-		if _, err := f.ReadAt(chunk, off+pos*8); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		for i := range k {
-			w := int64(1)
-			if want != nil {
-				w = want[pos+i]
-			}
-			if got := int64(binary.LittleEndian.Uint64(chunk[i*8:])); got != w {
-				return wrong("%s differ from the dataset at position %d: file has %d, dataset %d", name, pos+i, got, w)
-			}
-		}
-	}
-	return nil
+// int64Cmp compares a stream of little-endian int64s with want (ones: all ones, the
+// default loss mask), naming the first position that differs.
+type int64Cmp struct {
+	name    string
+	want    []int64
+	ones    bool
+	pos     int64
+	partial [8]byte
+	np      int
 }
 
-// checkOutputTensors requires exactly the four tensors of output layout v1, shaped for T tokens.
-func checkOutputTensors(h *safetensors.Header, T int64) error {
-	if len(h.Tensors) != 4 {
-		return fmt.Errorf("%d tensors, want 4", len(h.Tensors))
-	}
-	for _, want := range []struct {
-		name string
-		dt   safetensors.DType
-		rank int
-	}{
-		{tensorInputIDs, safetensors.I64, 1},
-		{tensorLossMask, safetensors.I64, 1},
-		{tensorHidden, safetensors.BF16, 2},
-		{tensorAux, safetensors.BF16, 2},
-	} {
-		t, err := tensorOf(h, want.name, want.dt, want.rank)
-		if err != nil {
-			return err
+func (c *int64Cmp) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		k := copy(c.partial[c.np:], p)
+		c.np += k
+		p = p[k:]
+		if c.np < 8 {
+			break
 		}
-		if t.Shape[0] != T {
-			return fmt.Errorf("tensor %s has %d rows, metadata says %d tokens", want.name, t.Shape[0], T)
+		c.np = 0
+		got := int64(binary.LittleEndian.Uint64(c.partial[:]))
+		w := int64(1)
+		if !c.ones {
+			if c.pos >= int64(len(c.want)) {
+				return 0, wrong("%s longer than the dataset's %d", c.name, len(c.want))
+			}
+			w = c.want[c.pos]
 		}
+		if got != w {
+			return 0, wrong("%s differ from the dataset at position %d: file has %d, dataset %d", c.name, c.pos, got, w)
+		}
+		c.pos++
 	}
-	hidden, _ := h.Tensor(tensorHidden)
-	aux, _ := h.Tensor(tensorAux)
-	if hidden.Shape[1] < 1 || aux.Shape[1] != 3*hidden.Shape[1] {
-		return fmt.Errorf("tensor %s shape %v does not hold 3 layers of %s shape %v", tensorAux, aux.Shape, tensorHidden, hidden.Shape)
-	}
-	return nil
+	return n, nil
 }
 
 // SampleSource is the dataset as Verify compares files with it: Sample returns the
@@ -236,6 +253,9 @@ type VerifyOptions struct {
 	// ("2,30,58"); each file must match them. Zero values skip the check.
 	HiddenSize int
 	Layers     string
+	// Format is the layout's name ("specforge+gzip"); empty means the index's, and
+	// an index without one is safetensors.
+	Format string
 }
 
 // want is what sample s's file must hold under opt; it reads the dataset only when the
@@ -297,6 +317,14 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		return rep, err
 	}
 	buf := make([]byte, 1<<20)
+	name := opt.Format
+	if name == "" {
+		name = meta.OutputFormat
+	}
+	l, err := ParseLayout(outputDir, name)
+	if err != nil {
+		return rep, err
+	}
 
 	for _, s := range slices.Sorted(maps.Keys(done)) {
 		if err := ctx.Err(); err != nil {
@@ -304,7 +332,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		}
 		r := done[s]
 		rep.Checked++
-		path := OutputPath(outputDir, s)
+		path := l.Path(s)
 		reason, missing, err := checkDone(ctx, path, r, total, meta, haveMeta, opt, buf)
 		if err != nil {
 			return rep, err
@@ -343,11 +371,17 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		return rep, fmt.Errorf("read output directory: %w", err)
 	}
 	var adopt []Record
-	for _, d := range rows {
-		if !d.IsDir() || !strings.HasPrefix(d.Name(), rowsPrefix) {
-			continue
+	dirs := []string{"."}
+	if l.grouped() {
+		dirs = dirs[:0]
+		for _, d := range rows {
+			if d.IsDir() && l.isDataDir(d.Name()) {
+				dirs = append(dirs, d.Name())
+			}
 		}
-		dir := filepath.Join(outputDir, d.Name())
+	}
+	for _, d := range dirs {
+		dir := filepath.Join(outputDir, d)
 		files, err := os.ReadDir(dir)
 		if err != nil {
 			return rep, fmt.Errorf("read output directory: %w", err)
@@ -357,8 +391,8 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				return rep, fmt.Errorf("verify %s: %w", outputDir, err)
 			}
 			name, path := f.Name(), filepath.Join(dir, f.Name())
-			rel := filepath.Join(d.Name(), name)
-			if isTempName(name) {
+			rel := filepath.Join(d, name)
+			if l.isTemp(name) {
 				rep.TempFiles++
 				if !opt.Repair {
 					rep.problem("%s: leftover temp file", rel)
@@ -371,11 +405,11 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				rep.problem("%s: leftover temp file; removed", rel)
 				continue
 			}
-			s, ok := parseDataName(name)
+			s, ok := l.parseName(name)
 			if !ok {
 				continue
 			}
-			if _, isDone := done[s]; isDone && OutputPath(outputDir, s) == path {
+			if _, isDone := done[s]; isDone && l.Path(s) == path {
 				continue
 			}
 			rep.Orphans++
@@ -383,7 +417,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				rep.problem("sample %d: %s: orphan, not done in the index", s, rel)
 				continue
 			}
-			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, outputDir, opt, buf)
+			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, l, opt, buf)
 			if err != nil {
 				return rep, err
 			}
@@ -468,14 +502,14 @@ func fingerprintsDiffer(info OutputInfo, meta Meta) string {
 // index's dataset and config, and (with opt.Expect) holds the dataset's input_ids and
 // loss_mask byte for byte. A perfect file of another sample put in this one's place
 // fails the last check.
-func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, outputDir string, opt VerifyOptions, buf []byte) (Record, string, error) {
+func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, l Layout, opt VerifyOptions, buf []byte) (Record, string, error) {
 	switch {
 	case !haveMeta:
 		return Record{}, "index has no job metadata to match its dataset fingerprint", nil
 	case s >= total:
 		return Record{}, fmt.Sprintf("beyond the dataset's %d samples", total), nil
-	case OutputPath(outputDir, s) != path:
-		return Record{}, "misplaced; belongs in " + filepath.Dir(OutputPath(outputDir, s)), nil
+	case l.Path(s) != path:
+		return Record{}, "misplaced; belongs in " + filepath.Dir(l.Path(s)), nil
 	}
 	if _, isDone := done[s]; isDone {
 		return Record{}, "sample already done from its own file", nil

@@ -91,9 +91,9 @@ func EncodeDict(ts []Tensor) []byte {
 		b = pickleInt(b, t.StorageOffset)
 		b = pickleTuple(b, t.Shape)
 		b = pickleTuple(b, t.Stride)
-		b = append(b, 0x89)                                // NEWFALSE: requires_grad
+		b = append(b, 0x89)                               // NEWFALSE: requires_grad
 		b = append(b, "ccollections\nOrderedDict\n)R"...) // backward_hooks: OrderedDict()
-		b = append(b, 't', 'R')                            // TUPLE, REDUCE
+		b = append(b, 't', 'R')                           // TUPLE, REDUCE
 	}
 	if len(ts) > 0 {
 		b = append(b, 'u') // SETITEMS
