@@ -148,33 +148,12 @@ func (sf *sampleFile) check(ctx context.Context, deep bool, want *fileWant, buf 
 			return OutputInfo{}, wrong("%d tokens, the dataset's loss_mask has %d", T, len(want.mask))
 		}
 	}
-	sum, roles := uint32(0), 0
-	err = sf.walk(ctx, func(role int, r io.Reader) error {
-		if role != roles {
-			return fmt.Errorf("tensor %s out of order: its crc32c cannot be checked", sf.t[role].name)
-		}
-		roles++
-		var cmp io.Writer = io.Discard
-		switch {
-		case compare && role == 0 && want.haveIDs:
-			cmp = &int64Cmp{name: tensorInputIDs, want: want.ids}
-		case compare && role == 1:
-			cmp = &int64Cmp{name: tensorLossMask, want: want.mask, ones: want.mask == nil}
-		}
-		for {
-			n, err := r.Read(buf)
-			sum = crc32.Update(sum, castagnoli, buf[:n])
-			if _, werr := cmp.Write(buf[:n]); werr != nil {
-				return werr
-			}
-			if err == io.EOF {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("read %s: %w", sf.t[role].name, err)
-			}
-		}
-	})
+	o := scanOpts{}
+	if compare {
+		o.ids, o.haveIDs = want.ids, want.haveIDs
+		o.mask, o.cmpMask = want.mask, true
+	}
+	sum, roles, err := sf.scan(ctx, o, buf)
 	if err != nil {
 		return OutputInfo{}, err
 	}
@@ -190,6 +169,89 @@ func (sf *sampleFile) check(ctx context.Context, deep bool, want *fileWant, buf 
 		return OutputInfo{}, fmt.Errorf("crc32c mismatch: metadata %08x, data %08x", info.CRC32C, sum)
 	}
 	return info, nil
+}
+
+// scanOpts says what scan checks besides computing the crc32c.
+type scanOpts struct {
+	ids     []int64
+	haveIDs bool // compare input_ids with ids
+	mask    []int64
+	cmpMask bool // compare loss_mask with mask (nil: all ones)
+	finite  bool // refuse NaN and ±Inf in the hidden states
+	// anyOrder takes the tensors in the file's order: another tool's gzip stream need
+	// not be canonical, and its crc32c is defined over the order it has.
+	anyOrder bool
+}
+
+// scan reads every tensor once, computing the crc32c of their bytes in walk order
+// (canonical for extract's files) and applying o's checks; it returns how many tensors
+// it saw.
+func (sf *sampleFile) scan(ctx context.Context, o scanOpts, buf []byte) (uint32, int, error) {
+	sum, roles := uint32(0), 0
+	err := sf.walk(ctx, func(role int, r io.Reader) error {
+		if role != roles && !o.anyOrder {
+			return fmt.Errorf("tensor %s out of order: its crc32c cannot be checked", sf.t[role].name)
+		}
+		roles++
+		var cmp io.Writer = io.Discard
+		switch {
+		case role == 0 && o.haveIDs:
+			cmp = &int64Cmp{name: tensorInputIDs, want: o.ids}
+		case role == 1 && o.cmpMask:
+			cmp = &int64Cmp{name: tensorLossMask, want: o.mask, ones: o.mask == nil}
+		case role >= 2 && o.finite:
+			cmp = &finiteBF16{name: sf.t[role].name}
+		}
+		for {
+			n, err := r.Read(buf)
+			sum = crc32.Update(sum, castagnoli, buf[:n])
+			if _, werr := cmp.Write(buf[:n]); werr != nil {
+				return werr
+			}
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("read %s: %w", sf.t[role].name, err)
+			}
+		}
+	})
+	return sum, roles, err
+}
+
+// finiteBF16 refuses NaN and ±Inf (exponent all ones) in a bf16 stream.
+type finiteBF16 struct {
+	name string
+	pos  int64
+	odd  []byte
+}
+
+func (f *finiteBF16) Write(p []byte) (int, error) {
+	n := len(p)
+	if len(f.odd) == 1 && len(p) > 0 {
+		if err := f.check(f.odd[0], p[0]); err != nil {
+			return 0, err
+		}
+		p, f.odd = p[1:], nil
+	}
+	for len(p) >= 2 {
+		if err := f.check(p[0], p[1]); err != nil {
+			return 0, err
+		}
+		p = p[2:]
+	}
+	if len(p) == 1 {
+		f.odd = []byte{p[0]}
+	}
+	return n, nil
+}
+
+func (f *finiteBF16) check(lo, hi byte) error {
+	if hi&0x7f == 0x7f && lo&0x80 == 0x80 {
+		return wrong("%s element %d is not finite (NaN or Inf)", f.name, f.pos)
+	}
+	f.pos++
+	return nil
 }
 
 // int64Cmp compares a stream of little-endian int64s with want (ones: all ones, the
@@ -468,6 +530,10 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 	if ctx.Err() != nil {
 		return "", false, fmt.Errorf("verify sample %d: %w", r.Sample, ctx.Err())
 	}
+	if errors.Is(err, errForeign) && r.Imported {
+		reason, err := checkImported(ctx, path, r, opt.Deep, want, buf)
+		return reason, false, err
+	}
 	switch {
 	case err != nil:
 		return err.Error(), false, nil
@@ -482,6 +548,43 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 		}
 	}
 	return "", false, nil
+}
+
+// checkImported checks a file another tool wrote, which extract import linked in as it
+// was: it has no extract metadata, so the index record is the reference (tokens, and
+// deep, the crc32c import computed and the dataset's tokens).
+func checkImported(ctx context.Context, path string, r Record, deep bool, want *fileWant, buf []byte) (string, error) {
+	sf, err := openSample(path)
+	if err != nil {
+		return err.Error(), nil
+	}
+	defer sf.Close()
+	if !sf.gz && sf.tokens() != int64(r.Tokens) {
+		return fmt.Sprintf("%d tokens, index recorded %d", sf.tokens(), r.Tokens), nil
+	}
+	if !sf.gz && want != nil && want.hidden > 0 && sf.hidden() != int64(want.hidden) {
+		return fmt.Sprintf("hidden size %d, the job's is %d", sf.hidden(), want.hidden), nil
+	}
+	if !deep {
+		return "", nil
+	}
+	o := scanOpts{anyOrder: true}
+	if want != nil && want.haveSample {
+		o.ids, o.haveIDs = want.ids, want.haveIDs
+		// A dataset line without loss_mask took the file's at import.
+		o.mask, o.cmpMask = want.mask, want.mask != nil
+	}
+	sum, _, err := sf.scan(ctx, o, buf)
+	if ctx.Err() != nil {
+		return "", fmt.Errorf("verify sample %d: %w", r.Sample, ctx.Err())
+	}
+	switch {
+	case err != nil:
+		return err.Error(), nil
+	case sum != r.CRC32C:
+		return fmt.Sprintf("crc32c %08x, index recorded %08x at import", sum, r.CRC32C), nil
+	}
+	return "", nil
 }
 
 // fingerprintsDiffer says why a file was not made by the index's job: another dataset,
