@@ -104,7 +104,9 @@ func (sf *sampleFile) check(ctx context.Context, deep bool, want *fileWant, buf 
 	o := scanOpts{}
 	if compare {
 		o.ids, o.haveIDs = want.ids, want.haveIDs
-		o.mask, o.cmpMask = want.mask, true
+		// A dataset line without loss_mask means all ones, unless import kept the
+		// mask of the file it adopted.
+		o.mask, o.cmpMask = want.mask, want.mask != nil || sf.md[mdMaskSource] != maskFromFile
 	}
 	sum, roles, err := sf.scan(ctx, o, buf)
 	if err != nil {
@@ -280,4 +282,3 @@ func checkImported(ctx context.Context, path string, r Record, deep bool, want *
 	}
 	return "", nil
 }
-
