@@ -322,3 +322,25 @@ func (c *ctxReader) Read(p []byte) (int, error) {
 	}
 	return c.r.Read(p)
 }
+
+// ReadTensors reads a sample file of any format whole and returns its tensors' bytes by
+// canonical name (input_ids, loss_mask, hidden_state, aux_hidden_state), batch dims
+// dropped: two files hold the same sample exactly when these are equal. Memory grows
+// with the file: it is for tests and comparisons, not for the pipeline.
+func ReadTensors(path string) (map[string][]byte, error) {
+	sf, err := openSample(path)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer sf.Close()
+	out := map[string][]byte{}
+	err = sf.walk(context.Background(), func(role int, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		out[[4]string{tensorInputIDs, tensorLossMask, tensorHidden, tensorAux}[role]] = b
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return out, nil
+}
