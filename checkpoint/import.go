@@ -134,6 +134,25 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 		return reject("%v", err)
 	}
 	defer sf.Close()
+	// torch.save into a gzip stream writes its records sized after their data, which
+	// only the central directory at the end resolves: another tool's .ckpt.gz is
+	// decompressed first and then handled as the .ckpt it holds.
+	unzipped := false
+	if sf.gz && sf.md == nil {
+		plain, err := gunzipTo(ctx, src.Path, scratch)
+		if ctx.Err() != nil {
+			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, ctx.Err())
+		}
+		if err != nil {
+			return reject("%v", err)
+		}
+		defer os.Remove(plain)
+		if sf, err = openSample(plain); err != nil {
+			return reject("%v", err)
+		}
+		defer sf.Close()
+		unzipped = true
+	}
 	buf := make([]byte, 1<<20)
 	ids := want.InputIDs
 	if sf.md == nil && want.RequireExtract {
@@ -198,7 +217,11 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 			}
 			res.CRC32C = info.CRC32C
 		}
-		if res.Bytes, err = placeAsIs(src.Path, final, copyOnly, &res.How); err != nil {
+		from := src.Path
+		if unzipped {
+			from, res.How = sf.path, "convert" // the decompressed copy, linked from scratch
+		}
+		if res.Bytes, err = placeAsIs(from, final, copyOnly, &res.How); err != nil {
 			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err)
 		}
 		return res, nil
