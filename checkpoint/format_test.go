@@ -116,3 +116,13 @@ func TestRealTorchAndSpecForgeLoadGoWrittenFilesByteForByte(t *testing.T) {
 		t.Logf("%s: %s", l.Name(), out)
 	}
 }
+
+func TestASingleTokenSampleReadsBackInEveryFormat(t *testing.T) {
+	dirs := moveAll(t, []int{5}, 1)
+	for name, dir := range dirs {
+		l, _ := ParseLayout(dir, name)
+		if info, err := ReadOutput(l.Path(5), true); err != nil || info.Tokens != 1 || info.HiddenSize != 8 {
+			t.Fatalf("%s: %+v, %v", name, info, err)
+		}
+	}
+}

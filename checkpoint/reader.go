@@ -211,13 +211,15 @@ func (s *sampleFile) settle(seen [4]bool) error {
 			continue
 		}
 		t := &s.t[r]
-		sh := t.shape
-		if len(sh) > 1 && sh[0] == 1 && (r >= 2 || len(sh) == 2) {
-			sh = sh[1:]
-		}
 		want, rank := safetensors.I64, 1
 		if r >= 2 {
 			want, rank = safetensors.BF16, 2
+		}
+		// A batch dim of 1 shows as one rank more than the tensor's own (T = 1 keeps
+		// its [1, H]).
+		sh := t.shape
+		if len(sh) == rank+1 && sh[0] == 1 {
+			sh = sh[1:]
 		}
 		if t.dtype != want {
 			return fmt.Errorf("tensor %s is %s, want %s", t.name, t.dtype, want)
