@@ -99,8 +99,7 @@ func (l Layout) Path(sample int) string {
 		return filepath.Join(l.Dir, strconv.Itoa(sample)+l.Ext())
 	}
 	g := sample / GroupSize * GroupSize
-	prefix := dataPrefix
-	return filepath.Join(l.Dir, fmt.Sprintf("%s%d-%d", rowsPrefix, g, g+GroupSize), prefix+strconv.Itoa(sample)+l.Ext())
+	return filepath.Join(l.Dir, fmt.Sprintf("%s%d-%d", rowsPrefix, g, g+GroupSize), dataPrefix+strconv.Itoa(sample)+l.Ext())
 }
 
 // parseName returns the sample of a file name this layout writes; only the canonical
@@ -139,7 +138,7 @@ func (l Layout) isTemp(name string) bool {
 	return ok
 }
 
-// dirs lists the folders that hold this layout's files under Dir, the ones to scan.
+// isDataDir says whether a folder under Dir holds this layout's files (a rows_ group).
 func (l Layout) isDataDir(name string) bool {
 	return l.grouped() && strings.HasPrefix(name, rowsPrefix)
 }
