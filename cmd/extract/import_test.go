@@ -129,23 +129,32 @@ func TestImportAdoptsExactlyTheGoodSpecForgeFilesSurvivesSIGKILLAndResumeCompute
 	// (A specforge job links them as they are; checkpoint's import tests cover that, and
 	// run --resume of a specforge job needs doctor's stat of done files to use the
 	// job's layout: see docs/formats.md.)
-	j := newJob(t, 24, 20000)
+	j := newJob(t, 300, 50000)
 	from := filepath.Join(j.dir, "specforge-out")
-	half := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
-	spoil := map[int]string{3: "other ids", 5: "truncated", 7: "wrong H", 9: "NaN", 10: "gzip"}
+	spoil := map[int]string{3: "other ids", 5: "truncated", 7: "wrong H", 9: "NaN", 10: "gzip", 101: "gzip"}
+	var half, good []int
+	for s := range 150 {
+		half = append(half, s)
+		if spoil[s] == "" || spoil[s] == "gzip" {
+			good = append(good, s)
+		}
+	}
 	j.writeSpecForgeFiles(from, half, spoil)
-	good := []int{0, 1, 2, 4, 6, 8, 10, 11}
 
 	// Killed anywhere, any number of times: the rerun reaches the same end.
+	// Delays grow so that the kills land early, midway and late in the import.
 	r := rand.New(rand.NewSource(time.Now().UnixNano()))
-	for range 6 {
+	for _, base := range []int{20, 100, 200, 300, 500, 800} {
 		cmd := j.command("import", "--from", from)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(r.Intn(400)) * time.Millisecond)
+		time.Sleep(time.Duration(base+r.Intn(base)) * time.Millisecond)
 		cmd.Process.Signal(syscall.SIGKILL)
 		cmd.Wait()
+		if _, err := os.Stat(filepath.Join(j.state, "index.db")); err == nil {
+			t.Logf("after a SIGKILL: %v imported", j.status()["imported"])
+		}
 	}
 	sum := j.importJSON(from)
 	var rejected []int
