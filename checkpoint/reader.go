@@ -39,7 +39,7 @@ type sampleFile struct {
 	t [4]fileTensor
 	// hasMask is false for a file without loss_mask (Model-Optimizer's older dumps).
 	hasMask bool
-	// zipOrder is the storage records' order in a gzip stream, by role.
+	// keys maps a torch zip's storage keys to the roles of the tensors on them.
 	keys map[string]int
 }
 
@@ -296,7 +296,7 @@ func (s *sampleFile) walk(ctx context.Context, fn func(role int, r io.Reader) er
 			t := s.t[r]
 			es := t.dtype.Size()
 			if size != t.n || es == 0 {
-				// A view of part of a bigger storage: skip to it, stop after it.
+				// A view of part of a bigger storage: streaming reads whole records only.
 				return fmt.Errorf("storage of %s is %d bytes, the tensor %d: views are not streamed", t.name, size, t.n)
 			}
 			return fn(r, data)
