@@ -17,7 +17,7 @@ import (
 type ImportOptions struct {
 	From string
 	// Format is auto (every kind), specforge, safetensors, modelopt or extract
-	// (extract's own safetensors outputs).
+	// (extract's own outputs of any format, told by their metadata).
 	Format string
 	// Copy copies instead of hard-linking files that already are the job's format.
 	Copy bool
@@ -187,8 +187,10 @@ func importKinds(format string) ([]checkpoint.Format, error) {
 		return []checkpoint.Format{checkpoint.FormatSpecForge}, nil
 	case "modelopt":
 		return []checkpoint.Format{checkpoint.FormatModelOpt}, nil
-	case "safetensors", "extract":
+	case "safetensors":
 		return []checkpoint.Format{checkpoint.FormatSafetensors}, nil
+	case "extract":
+		return nil, nil // every kind, but only files with extract's metadata
 	}
 	return nil, fmt.Errorf("%w: --format %q: want auto, specforge, safetensors, modelopt or extract", ErrRefused, format)
 }
