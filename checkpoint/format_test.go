@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -123,6 +124,32 @@ func TestASingleTokenSampleReadsBackInEveryFormat(t *testing.T) {
 		l, _ := ParseLayout(dir, name)
 		if info, err := ReadOutput(l.Path(5), true); err != nil || info.Tokens != 1 || info.HiddenSize != 8 {
 			t.Fatalf("%s: %+v, %v", name, info, err)
+		}
+	}
+}
+
+func TestMovingA64MiBDumpIntoTorchFormatsKeepsTheHeapFlat(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 128 MiB per format")
+	}
+	dumpPath := writeDump(t, t.TempDir(), dumpSpec{sample: 5, T: 1024, H: 8192})
+	want := expectFor(5, 1024)
+	want.HiddenSize = 8192
+	for _, l := range torchLayouts {
+		l.Dir = t.TempDir()
+		m := &Mover{Layout: l}
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		moved, err := m.moveFile(context.Background(), dumpPath, want)
+		runtime.ReadMemStats(&after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		alloc := after.TotalAlloc - before.TotalAlloc
+		t.Logf("%s: moving %d MiB of dump allocated %d KiB", l.Name(), moved.Bytes>>20, alloc>>10)
+		if alloc > 16<<20 {
+			t.Fatalf("%s: allocated %d bytes; want under 16 MiB", l.Name(), alloc)
 		}
 	}
 }
