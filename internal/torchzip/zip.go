@@ -13,7 +13,10 @@
 //
 // Every record's data starts at a multiple of 64 bytes: torch pads the local header's
 // extra field (id "FB") so that mmap=True can hand out storages in place, and does the
-// same. torch reads records through the central directory and checks each record's
+// same. No ".format_version" record is written: from torch 2.6, its presence lets
+// torch.load (config calculate_storage_offsets) compute storage offsets from torch's own
+// record order and data descriptors instead of reading each local header, which would
+// misplace storages of any other writer. torch reads records through the central directory and checks each record's
 // CRC-32, so the writer computes it while streaming and patches the local header after
 // (or takes it up front when the output is not seekable, e.g. inside gzip).
 package torchzip
