@@ -19,16 +19,20 @@
 //	│  ├──config_fingerprint : string; outputs carry it too, and Verify compares them
 //	│  ├──total : 8-byte big-endian; samples in the dataset
 //	│  ├──created : RFC 3339 time; its presence marks an initialised job
-//	│  └──attempt_base : 8-byte big-endian; the highest attempt any sample reached
-//	│                    before the last Reset; optional, absent reads as 0
+//	│  ├──attempt_base : 8-byte big-endian; the highest attempt any sample reached
+//	│  │                 before the last Reset; optional, absent reads as 0
+//	│  └──output_format : string, the layout's name ("specforge+gzip"); where verify
+//	│                     finds files; optional, absent reads as safetensors
 //	├──samples
 //	│  └──<sample> : 8-byte big-endian sample index → record (see encodeRecord)
 //	└──counters
 //	   ├──done : 8-byte big-endian
 //	   ├──failed : 8-byte big-endian
 //	   ├──bytes : 8-byte big-endian
-//	   └──tokens : 8-byte big-endian; all four are written in the same txn as the
-//	               records they sum, so they never drift
+//	   ├──tokens : 8-byte big-endian
+//	   └──imported : 8-byte big-endian; done samples extract import brought in;
+//	                 optional, absent reads as 0. All five are written in the same txn
+//	                 as the records they sum, so they never drift
 //
 // A sample with no record is pending with attempt 0. BeginAttempts gives a sample the
 // attempt max(record's attempt, attempt_base)+1, and Reset (--fresh, or a new dataset
@@ -40,6 +44,20 @@
 // such key, which reads as 0, exactly the base it had; testdata/index-v1.db is such a
 // file. Older builds ignore the key, so they can still open a newer index, but a Reset
 // by an older build forgets the base.
+//
+// output_format and imported were added like attempt_base, without a version bump. An
+// imported record is a done record whose stored rid starts with "import:" (Record.Imported);
+// an older build reads it as done with an odd rid. Its file may be another tool's,
+// without extract's metadata: Verify then checks it against the record (tokens, and deep,
+// the crc32c import computed).
+//
+// # Output formats
+//
+// Layout names where a sample's file lives and in which format (safetensors, specforge
+// .ckpt[.gz], modelopt .pt; docs/formats.md). One writer streams every format from the
+// dump, and one reader (openSample) reads them all for Verify, Import and Export. The
+// crc32c of a file is over its four tensors' bytes in canonical order (input_ids,
+// loss_mask, hidden, aux), whatever the container.
 //
 // # Damage
 //

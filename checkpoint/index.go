@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -39,11 +40,14 @@ var (
 	keyTotal              = []byte("total")
 	keyCreated            = []byte("created")
 	keyAttemptBase        = []byte("attempt_base")
+	keyOutputFormat       = []byte("output_format")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
 	keyBytes  = []byte("bytes")
 	keyTokens = []byte("tokens")
+	// keyImported counts imported done samples; absent in an index from before import (0).
+	keyImported = []byte("imported")
 )
 
 // OpenOptions controls Open.
@@ -190,6 +194,9 @@ type Meta struct {
 	// output dir. Init writes it (a rebuilt index may carry one over); Reset raises it;
 	// a v1 index without the key reads as 0.
 	AttemptBase int
+	// OutputFormat is the layout's name ("specforge+gzip"): where verify looks for
+	// files. Optional; an index without it is safetensors.
+	OutputFormat string
 }
 
 // Meta returns the job's metadata, and false when no job has been initialised.
@@ -229,6 +236,7 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 		ConfigFingerprint:  string(b.Get(keyConfigFingerprint)),
 		Total:              int(binary.BigEndian.Uint64(total)),
 		Created:            created,
+		OutputFormat:       string(b.Get(keyOutputFormat)),
 	}, true, nil
 }
 
@@ -272,6 +280,7 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 		{keyTotal, u64(uint64(m.Total))},
 		{keyCreated, []byte(m.Created.UTC().Format(time.RFC3339Nano))},
 		{keyAttemptBase, u64(uint64(m.AttemptBase))},
+		{keyOutputFormat, []byte(m.OutputFormat)},
 	} {
 		if err := b.Put(kv.k, kv.v); err != nil {
 			return fmt.Errorf("write meta %s: %w", kv.k, err)
@@ -383,7 +392,14 @@ type Record struct {
 	Tokens  int
 	Error   string
 	Updated time.Time
+	// Imported marks a done sample whose file another tool wrote and extract import
+	// brought in. It is stored as the rid prefix importPrefix (no layout change: an
+	// older build reads the record as done with an odd rid).
+	Imported bool
 }
+
+// importPrefix marks an imported record's rid in the stored record.
+const importPrefix = "import:"
 
 // Records are a fixed binary layout so that Load decodes a million of them by reading
 // two fields at known offsets:
@@ -406,7 +422,11 @@ const (
 
 func encodeRecord(r Record) []byte {
 	msg := truncateUTF8(r.Error, maxErrorLen)
-	rid := truncateUTF8(r.RID, 1<<16-1)
+	rid := r.RID
+	if r.Imported {
+		rid = importPrefix + rid
+	}
+	rid = truncateUTF8(rid, 1<<16-1)
 	b := make([]byte, recordFixed, recordFixed+4+len(rid)+len(msg))
 	b[0] = recordVersion
 	b[1] = byte(r.State)
@@ -447,6 +467,7 @@ func decodeRecord(sample int, b []byte) (Record, error) {
 		*dst = string(rest[2 : 2+n])
 		rest = rest[2+n:]
 	}
+	r.RID, r.Imported = strings.CutPrefix(r.RID, importPrefix)
 	return r, nil
 }
 
@@ -750,6 +771,8 @@ func (ix *Index) MarkPending(sample int, reason string) error {
 type Counters struct {
 	Done, Failed         int
 	BytesWritten, Tokens int64
+	// Imported counts the done samples extract import brought in (part of Done).
+	Imported int
 }
 
 // Counters reads the counters without visiting any record.
@@ -767,7 +790,7 @@ func (ix *Index) Counters() (Counters, error) {
 			}
 			return int64(binary.BigEndian.Uint64(v))
 		}
-		c = Counters{Done: int(get(keyDone)), Failed: int(get(keyFailed)), BytesWritten: get(keyBytes), Tokens: get(keyTokens)}
+		c = Counters{Done: int(get(keyDone)), Failed: int(get(keyFailed)), BytesWritten: get(keyBytes), Tokens: get(keyTokens), Imported: int(get(keyImported))}
 		return nil
 	})
 	if err != nil {
@@ -779,14 +802,16 @@ func (ix *Index) Counters() (Counters, error) {
 // contribution is what one record adds to the counters. Every write goes through put,
 // which applies new's contribution minus old's, so the counters equal the sums over
 // the records whatever the transition, replays included.
-func contribution(r Record) [4]int64 {
-	switch r.State {
-	case StateDone:
-		return [4]int64{1, 0, r.Bytes, int64(r.Tokens)}
-	case StateFailed:
-		return [4]int64{0, 1, 0, 0}
+func contribution(r Record) [5]int64 {
+	switch {
+	case r.State == StateDone && r.Imported:
+		return [5]int64{1, 0, r.Bytes, int64(r.Tokens), 1}
+	case r.State == StateDone:
+		return [5]int64{1, 0, r.Bytes, int64(r.Tokens), 0}
+	case r.State == StateFailed:
+		return [5]int64{0, 1, 0, 0, 0}
 	}
-	return [4]int64{}
+	return [5]int64{}
 }
 
 func put(tx *bolt.Tx, old, r Record) error {
@@ -795,7 +820,7 @@ func put(tx *bolt.Tx, old, r Record) error {
 	}
 	before, after := contribution(old), contribution(r)
 	c := tx.Bucket(bucketCounters)
-	for i, k := range [][]byte{keyDone, keyFailed, keyBytes, keyTokens} {
+	for i, k := range [][]byte{keyDone, keyFailed, keyBytes, keyTokens, keyImported} {
 		d := after[i] - before[i]
 		if d == 0 {
 			continue

@@ -65,6 +65,10 @@ func InspectIndex(path string, opt InspectOptions) (IndexFacts, error) {
 		return f, err
 	}
 	sampled, err := f.read(ix, n)
+	meta, _, merr := ix.Meta()
+	if err == nil {
+		err = merr
+	}
 	if cerr := ix.Close(); err == nil {
 		err = cerr
 	}
@@ -72,9 +76,13 @@ func InspectIndex(path string, opt InspectOptions) (IndexFacts, error) {
 		return f, err
 	}
 	// The lock is released: now the slow part.
+	l, err := ParseLayout(opt.OutputDir, meta.OutputFormat)
+	if err != nil {
+		return f, fmt.Errorf("index %s: %w", path, err)
+	}
 	for _, r := range sampled {
 		f.Checked++
-		p := OutputPath(opt.OutputDir, r.Sample)
+		p := l.Path(r.Sample)
 		st, err := os.Stat(p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):

@@ -1,21 +1,17 @@
 package checkpoint
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"hash/crc32"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
-	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/safetensors"
 )
 
@@ -86,6 +82,8 @@ func (e *DumpError) Error() string { return fmt.Sprintf("dump %s: %s", e.Path, e
 // since they share the temp file.
 type Mover struct {
 	OutputDir string
+	// Layout is the output format; its Dir defaults to OutputDir, its Format to safetensors.
+	Layout Layout
 	// BufferSize is the copy chunk; 0 means 1 MiB. Memory use does not depend on dump size.
 	BufferSize int
 }
@@ -138,13 +136,14 @@ func (m *Mover) Move(ctx context.Context, src *os.File, dumpPath string, want Ex
 		}
 		return Moved{}, fmt.Errorf("sample %d: check dump %s: %w", want.Sample, dumpPath, err)
 	}
-	final := OutputPath(m.OutputDir, want.Sample)
-	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
-	}
-	n, sum, err := writeOutput(ctx, win, d, want, final, buf)
+	l := m.layout()
+	final := l.Path(want.Sample)
+	n, sum, err := writeSample(ctx, l, final, d.sample(win, want), buf)
 	if err != nil {
-		return Moved{}, err
+		if _, bad := errors.AsType[*DumpError](err); bad {
+			return Moved{}, err
+		}
+		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
 	return Moved{
 		Path: final, Bytes: n, CRC32C: sum, Tokens: int(d.tokens),
@@ -290,123 +289,41 @@ func compareIDs(ctx context.Context, src io.ReaderAt, path string, off int64, wa
 	return nil
 }
 
-// writeOutput streams the output through its temp file in one pass and renames it into
-// place. On any error the temp file is removed: a full disk leaves nothing behind.
-func writeOutput(ctx context.Context, src io.ReaderAt, d *dump, want Expect, final string, buf []byte) (size int64, sum uint32, err error) {
-	tmp := tempPath(final)
-	T, H := d.tokens, d.hiddenSize
-	hdr, _, err := safetensors.EncodeHeader([]safetensors.Spec{
-		{Name: tensorInputIDs, DType: safetensors.I64, Shape: []int64{T}},
-		{Name: tensorLossMask, DType: safetensors.I64, Shape: []int64{T}},
-		{Name: tensorHidden, DType: safetensors.BF16, Shape: []int64{T, H}},
-		{Name: tensorAux, DType: safetensors.BF16, Shape: []int64{T, 3 * H}},
-	}, map[string]string{
-		"format":              outputFormat,
-		"sample":              strconv.Itoa(want.Sample),
-		"rid":                 want.RID,
-		"dataset_fingerprint": want.DatasetFingerprint,
-		"layers":              d.layers,
-		"model":               d.model,
-		"hook_version":        d.hook,
-		"protocol":            protocolVersion,
-		"tokens":              strconv.FormatInt(T, 10),
-		"config_fingerprint":  want.ConfigFingerprint,
-		"crc32c":              crcPlaceholder,
-	})
-	if err != nil {
-		return 0, 0, fmt.Errorf("sample %d: encode output header: %w", want.Sample, err)
+// layout is the mover's layout with its defaults filled in.
+func (m *Mover) layout() Layout {
+	l := m.Layout
+	if l.Dir == "" {
+		l.Dir = m.OutputDir
 	}
-	// JSON escapes quotes inside values, so this byte sequence can only be the key itself.
-	crcAt := bytes.Index(hdr, []byte(`"crc32c":"`+crcPlaceholder+`"`)) + len(`"crc32c":"`)
-
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return 0, 0, fmt.Errorf("sample %d: create %s: %w", want.Sample, tmp, err)
-	}
-	renamed := false
-	defer func() {
-		if !renamed {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
-	fail := func(what string, err error) (int64, uint32, error) {
-		return 0, 0, fmt.Errorf("sample %d: %s %s: %w", want.Sample, what, tmp, err)
-	}
-
-	if _, err := f.Write(hdr); err != nil {
-		return fail("write header to", err)
-	}
-	crc := crc32.New(castagnoli)
-	out := &hashWriter{f: f, h: crc}
-	dataStart := d.header.DataStart
-	for _, step := range []func() error{
-		func() error { return copyTensor(ctx, out, src, d, dataStart+d.ids.Begin, d.ids.Len(), buf) },
-		func() error { return writeLossMask(ctx, out, want.LossMask, T, buf) },
-		func() error { return copyTensor(ctx, out, src, d, dataStart+d.hidden.Begin, d.hidden.Len(), buf) },
-		func() error { return copyTensor(ctx, out, src, d, dataStart+d.aux.Begin, d.aux.Len(), buf) },
-	} {
-		if err := step(); err != nil {
-			if _, bad := errors.AsType[*DumpError](err); bad {
-				return 0, 0, err
-			}
-			return fail("write", err)
-		}
-	}
-	sum = crc.Sum32()
-	if _, err := f.WriteAt([]byte(fmt.Sprintf("%08x", sum)), int64(crcAt)); err != nil {
-		return fail("patch crc32c in", err)
-	}
-	if err := atomicfile.Sync(f); err != nil {
-		return fail("fsync", err)
-	}
-	if err := f.Close(); err != nil {
-		return fail("close", err)
-	}
-	if err := os.Rename(tmp, final); err != nil {
-		return fail("rename", err)
-	}
-	renamed = true
-	// The file under its final name is complete either way; without a durable directory
-	// entry the caller must not commit, and its retry overwrites the file.
-	if err := atomicfile.SyncDir(filepath.Dir(final)); err != nil {
-		return 0, 0, fmt.Errorf("sample %d: %w", want.Sample, err)
-	}
-	return int64(len(hdr)) + out.n, sum, nil
+	return l
 }
 
-// hashWriter writes to the output file and hashes what was written, counting bytes.
-type hashWriter struct {
-	f *os.File
-	h hash.Hash32
-	n int64
-}
-
-func (w *hashWriter) Write(p []byte) (int, error) {
-	n, err := w.f.Write(p)
-	w.h.Write(p[:n])
-	w.n += int64(n)
-	return n, err
-}
-
-// copyTensor copies exactly n bytes of the dump from off, checking ctx between chunks.
-// A short read means the dump changed under us, which makes it a bad dump.
-func copyTensor(ctx context.Context, w io.Writer, src io.ReaderAt, d *dump, off, n int64, buf []byte) error {
-	for n > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		chunk := buf[:min(n, int64(len(buf)))]
-		if _, err := src.ReadAt(chunk, off); err != nil {
+// sample is the dump as the writers stream it, with the output's metadata.
+func (d *dump) sample(src io.ReaderAt, want Expect) *sample {
+	at := d.header.DataStart
+	return &sample{
+		T: d.tokens, H: d.hiddenSize,
+		ids:      segment{src, at + d.ids.Begin, d.ids.Len()},
+		hidden:   segment{src, at + d.hidden.Begin, d.hidden.Len()},
+		aux:      segment{src, at + d.aux.Begin, d.aux.Len()},
+		maskVals: want.LossMask,
+		readErr: func(off int64, err error) error {
 			return &DumpError{Path: d.path, Reason: fmt.Sprintf("read at %d: %v", off, err)}
-		}
-		if _, err := w.Write(chunk); err != nil {
-			return err
-		}
-		off += int64(len(chunk))
-		n -= int64(len(chunk))
+		},
+		md: map[string]string{
+			"format":              outputFormat,
+			"sample":              strconv.Itoa(want.Sample),
+			"rid":                 want.RID,
+			"dataset_fingerprint": want.DatasetFingerprint,
+			"layers":              d.layers,
+			"model":               d.model,
+			"hook_version":        d.hook,
+			"protocol":            protocolVersion,
+			"tokens":              strconv.FormatInt(d.tokens, 10),
+			"hidden_size":         strconv.FormatInt(d.hiddenSize, 10),
+			"config_fingerprint":  want.ConfigFingerprint,
+		},
 	}
-	return nil
 }
 
 // writeLossMask writes the dataset's loss mask, or T ones, as little-endian int64.

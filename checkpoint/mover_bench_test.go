@@ -191,3 +191,28 @@ func BenchmarkSmallDumpFullPath(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "samples/s")
 }
+
+// BenchmarkMoveFormats is BenchmarkMoveFromStaging's 256 MiB dump in every output
+// format: the torch zip adds a CRC-32 per record beside the crc32c (gzip a first pass
+// and deflate), and must keep the mover's ratio to cp + sync (scripts/bench.sh -format).
+func BenchmarkMoveFormats(b *testing.B) {
+	const T, H = 8192, 4096
+	for _, l := range []Layout{{}, {Format: FormatSpecForge}, {Format: FormatModelOpt}, {Format: FormatSpecForge, Gzip: true}} {
+		b.Run(l.Name(), func(b *testing.B) {
+			path := benchDump(b, benchStagingDir(b), 1, T, H)
+			st, err := os.Stat(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			l.Dir = benchOutputDir(b)
+			m := &Mover{Layout: l}
+			want := benchExpect(1, T, H)
+			b.SetBytes(st.Size())
+			for b.Loop() {
+				if _, err := m.moveFile(context.Background(), path, want); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -2,10 +2,8 @@ package checkpoint
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"maps"
 	"os"
 	"path/filepath"
@@ -14,8 +12,6 @@ import (
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
-
-	"github.com/extract-dev/extract/internal/safetensors"
 )
 
 // OutputInfo is what an output file says about itself.
@@ -60,158 +56,6 @@ type fileWant struct {
 // report as it is.
 func wrong(format string, args ...any) error { return fmt.Errorf(format, args...) }
 
-// readOutput is ReadOutput for Verify: it can be cancelled between chunks, reuses one
-// buffer, and leaves naming the file to the caller. With want it also checks the file
-// against the job: width and layers always, and when deep the token count and the
-// input_ids and loss_mask bytes against the dataset's.
-func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf []byte) (OutputInfo, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return OutputInfo{}, err
-	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return OutputInfo{}, err
-	}
-	h, err := safetensors.ReadHeader(f, st.Size())
-	if err != nil {
-		return OutputInfo{}, err
-	}
-	md := h.Metadata
-	if md["format"] != outputFormat {
-		return OutputInfo{}, fmt.Errorf("format %q, want %q", md["format"], outputFormat)
-	}
-	info := OutputInfo{
-		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: st.Size(),
-		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
-	}
-	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {
-		return OutputInfo{}, fmt.Errorf("metadata sample %q is not a sample index", md["sample"])
-	}
-	if info.Tokens, err = strconv.Atoi(md["tokens"]); err != nil || info.Tokens < 1 {
-		return OutputInfo{}, fmt.Errorf("metadata tokens %q is not a token count", md["tokens"])
-	}
-	c := md["crc32c"]
-	sum, err := strconv.ParseUint(c, 16, 32)
-	if err != nil || len(c) != 8 || strings.ToLower(c) != c {
-		return OutputInfo{}, fmt.Errorf("metadata crc32c %q is not 8 lowercase hex digits", c)
-	}
-	info.CRC32C = uint32(sum)
-	if err := checkOutputTensors(h, int64(info.Tokens)); err != nil {
-		return OutputInfo{}, err
-	}
-	hidden, _ := h.Tensor(tensorHidden)
-	info.HiddenSize = int(hidden.Shape[1])
-	if want != nil {
-		if want.hidden > 0 && info.HiddenSize != want.hidden {
-			return OutputInfo{}, wrong("hidden size %d, the job's is %d", info.HiddenSize, want.hidden)
-		}
-		if want.layers != "" {
-			got, err := parseLayers(info.Layers)
-			if wl, _ := parseLayers(want.layers); err != nil || !slices.Equal(got, wl) {
-				return OutputInfo{}, wrong("layers %q, the job captures %q", info.Layers, want.layers)
-			}
-		}
-	}
-	if !deep {
-		return info, nil
-	}
-	got := uint32(0)
-	for off := h.DataStart; off < st.Size(); {
-		if err := ctx.Err(); err != nil {
-			return OutputInfo{}, err
-		}
-		chunk := buf[:min(st.Size()-off, int64(len(buf)))]
-		if _, err := f.ReadAt(chunk, off); err != nil {
-			return OutputInfo{}, fmt.Errorf("read data at %d: %w", off, err)
-		}
-		got = crc32.Update(got, castagnoli, chunk)
-		off += int64(len(chunk))
-	}
-	if got != info.CRC32C {
-		return OutputInfo{}, fmt.Errorf("crc32c mismatch: metadata %08x, data %08x", info.CRC32C, got)
-	}
-	if want == nil || !want.haveSample {
-		return info, nil
-	}
-	T := int64(info.Tokens)
-	if want.haveIDs && int64(len(want.ids)) != T {
-		return OutputInfo{}, wrong("%d tokens, the dataset's sample has %d", T, len(want.ids))
-	}
-	if want.mask != nil && int64(len(want.mask)) != T {
-		return OutputInfo{}, wrong("%d tokens, the dataset's loss_mask has %d", T, len(want.mask))
-	}
-	ids, _ := h.Tensor(tensorInputIDs)
-	mask, _ := h.Tensor(tensorLossMask)
-	if want.haveIDs {
-		if err := compareInt64s(ctx, f, h.DataStart+ids.Begin, tensorInputIDs, T, want.ids, buf); err != nil {
-			return OutputInfo{}, err
-		}
-	}
-	if err := compareInt64s(ctx, f, h.DataStart+mask.Begin, tensorLossMask, T, want.mask, buf); err != nil {
-		return OutputInfo{}, err
-	}
-	return info, nil
-}
-
-// compareInt64s compares n little-endian int64s at off with want (nil: all ones, the
-// default loss mask) in chunks, naming the first position that differs.
-func compareInt64s(ctx context.Context, f io.ReaderAt, off int64, name string, n int64, want []int64, buf []byte) error {
-	per := int64(len(buf) / 8)
-	for pos := int64(0); pos < n; pos += per {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		k := min(per, n-pos)
-		chunk := buf[:k*8]
-		if _, err := f.ReadAt(chunk, off+pos*8); err != nil {
-			return fmt.Errorf("read %s: %w", name, err)
-		}
-		for i := range k {
-			w := int64(1)
-			if want != nil {
-				w = want[pos+i]
-			}
-			if got := int64(binary.LittleEndian.Uint64(chunk[i*8:])); got != w {
-				return wrong("%s differ from the dataset at position %d: file has %d, dataset %d", name, pos+i, got, w)
-			}
-		}
-	}
-	return nil
-}
-
-// checkOutputTensors requires exactly the four tensors of output layout v1, shaped for T tokens.
-func checkOutputTensors(h *safetensors.Header, T int64) error {
-	if len(h.Tensors) != 4 {
-		return fmt.Errorf("%d tensors, want 4", len(h.Tensors))
-	}
-	for _, want := range []struct {
-		name string
-		dt   safetensors.DType
-		rank int
-	}{
-		{tensorInputIDs, safetensors.I64, 1},
-		{tensorLossMask, safetensors.I64, 1},
-		{tensorHidden, safetensors.BF16, 2},
-		{tensorAux, safetensors.BF16, 2},
-	} {
-		t, err := tensorOf(h, want.name, want.dt, want.rank)
-		if err != nil {
-			return err
-		}
-		if t.Shape[0] != T {
-			return fmt.Errorf("tensor %s has %d rows, metadata says %d tokens", want.name, t.Shape[0], T)
-		}
-	}
-	hidden, _ := h.Tensor(tensorHidden)
-	aux, _ := h.Tensor(tensorAux)
-	if hidden.Shape[1] < 1 || aux.Shape[1] != 3*hidden.Shape[1] {
-		return fmt.Errorf("tensor %s shape %v does not hold 3 layers of %s shape %v", tensorAux, aux.Shape, tensorHidden, hidden.Shape)
-	}
-	return nil
-}
-
 // SampleSource is the dataset as Verify compares files with it: Sample returns the
 // sample's input_ids and loss_mask; nil ids mean a text sample (the server tokenised
 // it, so the file's ids are the truth), a nil mask all ones.
@@ -236,6 +80,9 @@ type VerifyOptions struct {
 	// ("2,30,58"); each file must match them. Zero values skip the check.
 	HiddenSize int
 	Layers     string
+	// Format is the layout's name ("specforge+gzip"); empty means the index's, and
+	// an index without one is safetensors.
+	Format string
 }
 
 // want is what sample s's file must hold under opt; it reads the dataset only when the
@@ -297,6 +144,14 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		return rep, err
 	}
 	buf := make([]byte, 1<<20)
+	name := opt.Format
+	if name == "" {
+		name = meta.OutputFormat
+	}
+	l, err := ParseLayout(outputDir, name)
+	if err != nil {
+		return rep, err
+	}
 
 	for _, s := range slices.Sorted(maps.Keys(done)) {
 		if err := ctx.Err(); err != nil {
@@ -304,7 +159,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		}
 		r := done[s]
 		rep.Checked++
-		path := OutputPath(outputDir, s)
+		path := l.Path(s)
 		reason, missing, err := checkDone(ctx, path, r, total, meta, haveMeta, opt, buf)
 		if err != nil {
 			return rep, err
@@ -343,11 +198,17 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 		return rep, fmt.Errorf("read output directory: %w", err)
 	}
 	var adopt []Record
-	for _, d := range rows {
-		if !d.IsDir() || !strings.HasPrefix(d.Name(), rowsPrefix) {
-			continue
+	dirs := []string{"."}
+	if l.grouped() {
+		dirs = dirs[:0]
+		for _, d := range rows {
+			if d.IsDir() && l.isDataDir(d.Name()) {
+				dirs = append(dirs, d.Name())
+			}
 		}
-		dir := filepath.Join(outputDir, d.Name())
+	}
+	for _, d := range dirs {
+		dir := filepath.Join(outputDir, d)
 		files, err := os.ReadDir(dir)
 		if err != nil {
 			return rep, fmt.Errorf("read output directory: %w", err)
@@ -357,8 +218,8 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				return rep, fmt.Errorf("verify %s: %w", outputDir, err)
 			}
 			name, path := f.Name(), filepath.Join(dir, f.Name())
-			rel := filepath.Join(d.Name(), name)
-			if isTempName(name) {
+			rel := filepath.Join(d, name)
+			if l.isTemp(name) {
 				rep.TempFiles++
 				if !opt.Repair {
 					rep.problem("%s: leftover temp file", rel)
@@ -371,11 +232,11 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				rep.problem("%s: leftover temp file; removed", rel)
 				continue
 			}
-			s, ok := parseDataName(name)
+			s, ok := l.parseName(name)
 			if !ok {
 				continue
 			}
-			if _, isDone := done[s]; isDone && OutputPath(outputDir, s) == path {
+			if _, isDone := done[s]; isDone && l.Path(s) == path {
 				continue
 			}
 			rep.Orphans++
@@ -383,7 +244,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 				rep.problem("sample %d: %s: orphan, not done in the index", s, rel)
 				continue
 			}
-			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, outputDir, opt, buf)
+			r, why, err := adoptable(ctx, path, s, total, done, meta, haveMeta, l, opt, buf)
 			if err != nil {
 				return rep, err
 			}
@@ -434,6 +295,10 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 	if ctx.Err() != nil {
 		return "", false, fmt.Errorf("verify sample %d: %w", r.Sample, ctx.Err())
 	}
+	if errors.Is(err, errForeign) && r.Imported {
+		reason, err := checkImported(ctx, path, r, opt.Deep, want, buf)
+		return reason, false, err
+	}
 	switch {
 	case err != nil:
 		return err.Error(), false, nil
@@ -468,14 +333,14 @@ func fingerprintsDiffer(info OutputInfo, meta Meta) string {
 // index's dataset and config, and (with opt.Expect) holds the dataset's input_ids and
 // loss_mask byte for byte. A perfect file of another sample put in this one's place
 // fails the last check.
-func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, outputDir string, opt VerifyOptions, buf []byte) (Record, string, error) {
+func adoptable(ctx context.Context, path string, s, total int, done map[int]Record, meta Meta, haveMeta bool, l Layout, opt VerifyOptions, buf []byte) (Record, string, error) {
 	switch {
 	case !haveMeta:
 		return Record{}, "index has no job metadata to match its dataset fingerprint", nil
 	case s >= total:
 		return Record{}, fmt.Sprintf("beyond the dataset's %d samples", total), nil
-	case OutputPath(outputDir, s) != path:
-		return Record{}, "misplaced; belongs in " + filepath.Dir(OutputPath(outputDir, s)), nil
+	case l.Path(s) != path:
+		return Record{}, "misplaced; belongs in " + filepath.Dir(l.Path(s)), nil
 	}
 	if _, isDone := done[s]; isDone {
 		return Record{}, "sample already done from its own file", nil

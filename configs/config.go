@@ -36,6 +36,7 @@ type Config struct {
 	Server    Server   `mapstructure:"server"`
 	Run       Run      `mapstructure:"run"`
 	Disk      Disk     `mapstructure:"disk"`
+	Output    Output   `mapstructure:"output"`
 	Status    Status   `mapstructure:"status"`
 	Log       Log      `mapstructure:"log"`
 }
@@ -115,6 +116,23 @@ type Disk struct {
 	WhenShort string `mapstructure:"when_short"`
 }
 
+// Output chooses the files a trainer reads (docs/formats.md).
+type Output struct {
+	// Format is safetensors (extract's layout v1), specforge (rows_*/data_<i>.ckpt, torch
+	// zip, SpecForge's keys and shapes) or modelopt (flat <i>.pt, Model-Optimizer's keys).
+	Format string `mapstructure:"format"`
+	// Compress is none or gzip (specforge only: data_<i>.ckpt.gz).
+	Compress string `mapstructure:"compress"`
+}
+
+// LayoutName is the output layout as checkpoint names it: the format, "+gzip" if so.
+func (o Output) LayoutName() string {
+	if o.Compress == "gzip" {
+		return o.Format + "+gzip"
+	}
+	return o.Format
+}
+
 // Status configures the live status and metrics endpoint.
 type Status struct {
 	Listen string `mapstructure:"listen"`
@@ -159,6 +177,7 @@ func Default() Config {
 			DrainTimeout:   2 * time.Minute,
 		},
 		Disk:   Disk{Reserve: 1 << 30, WhenShort: "warn"},
+		Output: Output{Format: "safetensors", Compress: "none"},
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
 	}
@@ -501,6 +520,17 @@ func (c *Config) Validate() error {
 	if c.Disk.WhenShort != "refuse" && c.Disk.WhenShort != "warn" {
 		bad("disk.when_short", "must be refuse or warn, got %q", c.Disk.WhenShort)
 	}
+	switch c.Output.Format {
+	case "safetensors", "specforge", "modelopt":
+	default:
+		bad("output.format", "must be safetensors, specforge or modelopt, got %q", c.Output.Format)
+	}
+	switch {
+	case c.Output.Compress != "none" && c.Output.Compress != "gzip":
+		bad("output.compress", "must be none or gzip, got %q", c.Output.Compress)
+	case c.Output.Compress == "gzip" && c.Output.Format != "specforge":
+		bad("output.compress", "gzip is for output.format specforge only (SpecForge reads .ckpt.gz; %s readers do not)", c.Output.Format)
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -630,6 +660,11 @@ func (c *Config) OutputBytesPerToken() int64 { return c.BytesPerToken() + 8 }
 func (c *Config) Fingerprint() string {
 	h := sha256.New()
 	fmt.Fprintf(h, "kind=%s\nmodel=%s\nhidden=%d\nlayers=%v\n", c.Server.Kind, c.Server.ModelPath, c.HiddenSize(), c.Server.Layers)
+	// The format shapes the files too. The default adds nothing, so that a job begun
+	// before formats existed keeps its fingerprint and resumes.
+	if l := c.Output.LayoutName(); l != "safetensors" {
+		fmt.Fprintf(h, "format=%s\n", l)
+	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 

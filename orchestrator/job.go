@@ -160,7 +160,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 	}
 	j := &job{
 		cfg: cfg, opt: opt, log: opt.Log, ds: ds, ix: ix, lock: lock,
-		mover:      &checkpoint.Mover{OutputDir: cfg.OutputDir},
+		mover:      &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
 		ledger:     newLedger(prog, c),
 		admission:  admission{failures: map[int]int{}},
 		inflight:   map[int]*flight{},

@@ -140,6 +140,7 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		ConfigFingerprint:  cfg.Fingerprint(),
 		Total:              ds.Len(),
 		Created:            time.Now().UTC(),
+		OutputFormat:       outputLayout(cfg).Name(),
 	}
 	meta, ok, err := ix.Meta()
 	if err != nil {
@@ -174,6 +175,10 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 			ErrRefused, ds.Path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint, ds.Len(), ds.Fingerprint)
 	}
 	if meta.ConfigFingerprint != cfg.Fingerprint() {
+		if old, _ := checkpoint.ParseLayout("", meta.OutputFormat); old.Name() != outputLayout(cfg).Name() {
+			return fmt.Errorf("%w: output.format is %s, this job was started with %s: resuming would mix formats; restore it, convert the outputs with `extract export`, or start over with --fresh",
+				ErrRefused, outputLayout(cfg).Name(), old.Name())
+		}
 		return fmt.Errorf("%w: the model, hidden size or captured layers differ from the ones this job was started with (config fingerprint %s, now %s): resuming would mix outputs; restore them, or start over with --fresh",
 			ErrRefused, meta.ConfigFingerprint, cfg.Fingerprint())
 	}

@@ -31,6 +31,7 @@ type Status struct {
 	PID              int              `json:"pid,omitempty"`
 	Total            int              `json:"total"`
 	Done             int              `json:"done"`
+	Imported         int              `json:"imported"` // of done: adopted by extract import, not computed
 	Failed           int              `json:"failed"`
 	Pending          int              `json:"pending"`
 	Inflight         int              `json:"inflight"`
@@ -285,7 +286,7 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 		st.Total = meta.Total
 		st.Dataset = meta.DatasetPath
 	}
-	st.Done, st.Failed, st.BytesWritten = c.Done, c.Failed, c.BytesWritten
+	st.Done, st.Failed, st.BytesWritten, st.Imported = c.Done, c.Failed, c.BytesWritten, c.Imported
 	st.Pending = st.Total - st.Done - st.Failed
 	if st.Total > 0 && st.Done == st.Total {
 		st.State, st.ETASeconds = "complete", 0

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
-	"github.com/extract-dev/extract/internal/safetensors"
 	"github.com/extract-dev/extract/sglang/simulator"
 	"github.com/extract-dev/extract/shm"
 )
@@ -65,6 +64,18 @@ type job struct {
 	env     []string
 	samples []sample
 	hidden  int
+	// format is output.format+compress as checkpoint names it ("" is safetensors); set it
+	// with setFormat so that the env agrees.
+	format string
+}
+
+// layout is where the job's files are, in its format.
+func (j *job) layout() checkpoint.Layout {
+	l, err := checkpoint.ParseLayout(j.out, j.format)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	return l
 }
 
 type sample struct {
@@ -205,7 +216,7 @@ func (j *job) check() (lost, corrupt, extra int) {
 	j.t.Helper()
 	want := map[string]int{}
 	for i := range j.samples {
-		want[checkpoint.OutputPath(j.out, i)] = i
+		want[j.layout().Path(i)] = i
 	}
 	filepath.WalkDir(j.out, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
@@ -221,7 +232,7 @@ func (j *job) check() (lost, corrupt, extra int) {
 		return nil
 	})
 	for i, s := range j.samples {
-		path := checkpoint.OutputPath(j.out, i)
+		path := j.layout().Path(i)
 		if _, err := os.Stat(path); err != nil {
 			j.t.Errorf("sample %d: %v", i, err)
 			lost++
@@ -247,25 +258,11 @@ func (j *job) checkFile(path string, idx int, s sample) error {
 	if info.Sample != idx || info.Tokens != len(s.ids) {
 		return fmt.Errorf("metadata says sample %d with %d tokens", info.Sample, info.Tokens)
 	}
-	f, err := os.Open(path)
+	tensors, err := checkpoint.ReadTensors(path)
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	st, _ := f.Stat()
-	h, err := safetensors.ReadHeader(f, st.Size())
-	if err != nil {
-		return err
-	}
-	read := func(name string) []byte {
-		t, ok := h.Tensor(name)
-		if !ok {
-			return nil
-		}
-		b := make([]byte, t.Len())
-		f.ReadAt(b, h.DataStart+t.Begin)
-		return b
-	}
+	read := func(name string) []byte { return tensors[name] }
 	ints := func(b []byte) []int64 {
 		v := make([]int64, len(b)/8)
 		for i := range v {

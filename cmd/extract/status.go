@@ -75,6 +75,9 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 	}
 	fmt.Fprintln(w, ")")
 	fmt.Fprintf(w, "progress:  %d / %d samples (%.1f%%), %d failed, %d pending, %d in flight\n", st.Done, st.Total, pct, st.Failed, st.Pending, st.Inflight)
+	if st.Imported > 0 {
+		fmt.Fprintf(w, "imported:  %d of the done samples (extract import), %d computed\n", st.Imported, st.Done-st.Imported)
+	}
 	fmt.Fprintf(w, "written:   %s\n", configs.ByteSize(st.BytesWritten))
 	if st.State == "running" {
 		eta := "unknown"

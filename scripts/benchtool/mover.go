@@ -80,8 +80,15 @@ func cpSync(dumps []string, dst string) (time.Duration, error) {
 // moveAll moves the dumps into out with the given number of concurrent movers: validate,
 // stream, fsync, rename, fsync dir. With ix set, each move is committed to the index and
 // the dump removed, which is the whole per-sample path of a run.
+// moverFormat is the output layout the mover writes (mover -format; default safetensors).
+var moverFormat string
+
 func moveAll(dumps []string, out string, movers int, tokens, hidden int, ix *checkpoint.Index, sampleTokens tokenPlan) (time.Duration, int64, error) {
-	m := &checkpoint.Mover{OutputDir: out}
+	l, err := checkpoint.ParseLayout(out, moverFormat)
+	if err != nil {
+		return 0, 0, err
+	}
+	m := &checkpoint.Mover{OutputDir: out, Layout: l}
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return 0, 0, err
 	}
@@ -158,6 +165,7 @@ func cmdMover(args []string) error {
 	tokens := fs.Int("tokens", 8192, "tokens per dump")
 	hidden := fs.Int("hidden", 4096, "hidden size (4096 × 8192 tokens = 256 MiB per dump)")
 	rounds := fs.Int("rounds", 2, "alternating rounds; the best of each side counts")
+	fs.StringVar(&moverFormat, "format", "", "output format: safetensors (default), specforge, specforge+gzip, modelopt")
 	fs.Parse(args)
 	if err := c.check(false); err != nil {
 		return err

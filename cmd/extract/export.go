@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/extract-dev/extract/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+func newExportCmd() *cobra.Command {
+	var cf configFlags
+	var opt orchestrator.ExportOptions
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "export --format safetensors|specforge|specforge+gzip|modelopt --to DIR [--json]",
+		Short: "Convert the done samples into another trainer's format under DIR; resumable",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opt.To == "" || opt.Format == "" {
+				return usageError{fmt.Errorf("--format and --to are required")}
+			}
+			cfg, err := cf.load(cmd)
+			if err != nil {
+				return err
+			}
+			if isTerminal(os.Stderr) && !asJSON {
+				opt.Progress = func(seen, total int) {
+					fmt.Fprintf(os.Stderr, "\r\033[Kexport: %d / %d samples", seen, total)
+					if seen == total {
+						fmt.Fprintln(os.Stderr)
+					}
+				}
+			}
+			rep, err := orchestrator.Export(cmd.Context(), cfg, opt)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(rep); err != nil {
+					return err
+				}
+			} else {
+				for _, p := range rep.Problems {
+					fmt.Fprintln(out, p)
+				}
+				fmt.Fprintf(out, "exported %d samples (%d bytes) to %s, %d already there, %d failed\n", rep.Exported, rep.Bytes, opt.To, rep.Skipped, rep.Failed)
+			}
+			if rep.Failed > 0 {
+				return errors.New("export: some samples failed; fix their files (extract verify --deep) and run export again")
+			}
+			return nil
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().StringVar(&opt.Format, "format", "", "target format: safetensors, specforge, specforge+gzip or modelopt")
+	cmd.Flags().StringVar(&opt.To, "to", "", "target directory (not inside the output dir)")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	return cmd
+}

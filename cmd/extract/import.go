@@ -1,0 +1,67 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"github.com/extract-dev/extract/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+func newImportCmd() *cobra.Command {
+	var cf configFlags
+	var opt orchestrator.ImportOptions
+	var asJSON, link bool
+	cmd := &cobra.Command{
+		Use:   "import --from DIR [--format auto|specforge|safetensors|modelopt|extract] [--link|--copy] [--json]",
+		Short: "Adopt sample files another tool wrote: check each against the dataset and config, bring the good ones into the output, index them done",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if opt.From == "" {
+				return usageError{fmt.Errorf("--from DIR is required")}
+			}
+			if link && opt.Copy {
+				return usageError{fmt.Errorf("--link and --copy exclude each other")}
+			}
+			cfg, err := cf.load(cmd)
+			if err != nil {
+				return err
+			}
+			if isTerminal(os.Stderr) && !asJSON {
+				opt.Progress = func(seen, total int) {
+					fmt.Fprintf(os.Stderr, "\r\033[Kimport: %d / %d files", seen, total)
+					if seen == total {
+						fmt.Fprintln(os.Stderr)
+					}
+				}
+			}
+			rep, err := orchestrator.Import(cmd.Context(), cfg, opt)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			if asJSON {
+				enc := json.NewEncoder(out)
+				enc.SetIndent("", "  ")
+				return enc.Encode(rep)
+			}
+			for _, r := range rep.Rejected {
+				fmt.Fprintf(out, "left alone: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)
+			}
+			fmt.Fprintf(out, "found %d files: %d imported (%d linked, %d copied, %d converted), %d already done, %d left alone; %d of %d samples done\n",
+				rep.Found, rep.Imported, rep.Linked, rep.Copied, rep.Converted, rep.AlreadyDone, len(rep.Rejected), rep.Done, rep.Total)
+			if rep.Done < rep.Total {
+				fmt.Fprintln(out, "`extract run --resume` computes the rest")
+			}
+			return nil
+		},
+	}
+	cf.register(cmd)
+	cmd.Flags().StringVar(&opt.From, "from", "", "directory of sample files (SpecForge's rows_*/data_<i>.ckpt[.gz], flat <i>.pt or <i>.safetensors, extract's own)")
+	cmd.Flags().StringVar(&opt.Format, "format", "auto", "which files to consider: auto, specforge, safetensors, modelopt or extract")
+	cmd.Flags().BoolVar(&link, "link", false, "hard-link files already in the job's format (the default; falls back to a copy across filesystems)")
+	cmd.Flags().BoolVar(&opt.Copy, "copy", false, "copy instead of hard-linking")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the summary as JSON")
+	return cmd
+}
