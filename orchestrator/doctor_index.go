@@ -83,6 +83,11 @@ func heldIndexFacts(ix *checkpoint.Index, outputDir string) (checkpoint.IndexFac
 		return f, err
 	}
 	f.Initialised, f.Meta = true, m
+	// Done files sit where the index's format puts them (safetensors for an old index).
+	layout, err := checkpoint.ParseLayout(outputDir, m.OutputFormat)
+	if err != nil {
+		return f, err
+	}
 	if f.Counters, err = ix.Counters(); err != nil {
 		return f, err
 	}
@@ -105,7 +110,7 @@ func heldIndexFacts(ix *checkpoint.Index, outputDir string) (checkpoint.IndexFac
 			continue
 		}
 		f.Checked++
-		p := checkpoint.OutputPath(outputDir, s)
+		p := layout.Path(s)
 		st, err := os.Stat(p)
 		switch {
 		case errors.Is(err, os.ErrNotExist):

@@ -235,6 +235,7 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	err = ix.Init(checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(),
 		Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
+		OutputFormat: outputLayout(cfg).Name(),
 	})
 	if err != nil {
 		return rb, rep, fmt.Errorf("initialise rebuilt index %s: %w", tmp, err)
