@@ -262,6 +262,7 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 			// No job started yet: everything in the dataset is pending.
 			st.UpdatedAt = time.Now()
 			if n, err := countLines(cfg.Dataset); err == nil {
+				n = spanOf(cfg, n).size()
 				st.Total, st.Pending = n, n
 			}
 			return st, nil
@@ -282,7 +283,8 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 		return st, err
 	}
 	if ok {
-		st.Total = meta.Total
+		lo, hi := ShardRange(meta.Total, meta.ShardIndex, meta.ShardCount)
+		st.Total = hi - lo
 		st.Dataset = meta.DatasetPath
 	}
 	st.Done, st.Failed, st.BytesWritten = c.Done, c.Failed, c.BytesWritten
