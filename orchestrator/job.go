@@ -218,9 +218,9 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 
 // run drives the job. ctx is the operator's: its cancellation starts a graceful stop.
 func (j *job) run(ctx context.Context) (Result, error) {
-	res := Result{OutputDir: j.cfg.OutputDir, Total: j.ledger.total()}
+	res := Result{OutputDir: j.cfg.OutputDir, Total: j.ledger.size()}
 
-	if j.ledger.c.Done == j.ledger.total() {
+	if j.ledger.c.Done == j.ledger.size() {
 		j.log.Info("job already complete", "samples", j.ledger.c.Done, "output_dir", j.cfg.OutputDir)
 		j.stopServer(ctx)
 		res.Outcome, res.Done, res.Bytes = AlreadyComplete, j.ledger.c.Done, j.ledger.c.BytesWritten

@@ -26,10 +26,12 @@ import (
 
 // Status is what `extract status` shows, live from the running process or from the index.
 type Status struct {
-	State            string           `json:"state"`  // running | stopped | complete
-	Source           string           `json:"source"` // live | snapshot | index
-	PID              int              `json:"pid,omitempty"`
-	Total            int              `json:"total"`
+	State  string `json:"state"`  // running | stopped | complete
+	Source string `json:"source"` // live | snapshot | index
+	PID    int    `json:"pid,omitempty"`
+	Total  int    `json:"total"` // this run's samples: the shard's when sharded
+	// DatasetSamples is the whole dataset's size, which a shard's range is cut from.
+	DatasetSamples   int              `json:"dataset_samples,omitempty"`
 	Done             int              `json:"done"`
 	Failed           int              `json:"failed"`
 	Pending          int              `json:"pending"`
@@ -284,7 +286,7 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	}
 	if ok {
 		lo, hi := ShardRange(meta.Total, meta.ShardIndex, meta.ShardCount)
-		st.Total = hi - lo
+		st.Total, st.DatasetSamples = hi-lo, meta.Total
 		st.Dataset = meta.DatasetPath
 	}
 	st.Done, st.Failed, st.BytesWritten = c.Done, c.Failed, c.BytesWritten
