@@ -12,16 +12,21 @@ import (
 func newVerifyCmd() *cobra.Command {
 	var cf configFlags
 	var opt checkpoint.VerifyOptions
+	var all bool
 	cmd := &cobra.Command{
 		Use:   "verify [--config F] [--deep] [--repair]",
 		Short: "Check output files against the index; --deep recomputes checksums, --repair fixes the index",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all {
+				return runVerifyAll(cmd, &cf, opt)
+			}
 			return runVerify(cmd, &cf, opt)
 		},
 	}
 	cf.register(cmd)
 	cmd.Flags().BoolVar(&opt.Deep, "deep", false, "read every file and recompute its crc32c")
+	cmd.Flags().BoolVar(&all, "all", false, "check that the shards add up to the dataset: each sample done exactly once, by its owner, with its file")
 	cmd.Flags().BoolVar(&opt.Repair, "repair", false, "send missing or corrupt samples back to pending, adopt valid unindexed files, remove temp files")
 	return cmd
 }
