@@ -23,7 +23,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=extract-%A_%a.out
-set -euo pipefail
+set -uo pipefail
 
 # Shards that share a node need their own server port (a one-shard-per-node cluster
 # leaves SHARD_PORT_BASE unset and uses server.port).
@@ -31,12 +31,28 @@ if [[ -n "${SHARD_PORT_BASE:-}" ]]; then
     export EXTRACT_SERVER_PORT=$((SHARD_PORT_BASE + SLURM_ARRAY_TASK_ID))
 fi
 
+# This shell outlives extract: a scancel's SIGTERM reaches every process of the task,
+# and a shell that died of it at once would orphan extract, which Slurm (tracking by
+# parentage with proctrack/linuxproc) would then no longer see: it would keep the
+# shard's lock while a resubmitted task starts. So the shell only notes the signal and
+# waits; extract stops gracefully on its own SIGTERM (drain, commit, stop its server),
+# and Slurm's SIGKILL after KillWait ends whatever is left. The signal is not passed
+# on: a second SIGTERM makes extract stop at once.
+cancelled=0
+trap 'cancelled=1' TERM INT
+extract run --resume --shard auto &
+pid=$!
 rc=0
-extract run --resume --shard auto || rc=$?
+while :; do
+    wait "$pid" && rc=0 || rc=$?
+    # wait returns early (>128) when a trapped signal arrives; go on waiting for extract.
+    kill -0 "$pid" 2>/dev/null || break
+done
 
 # Exit 75 is a temporary failure (the server kept dying, the index was busy): put this
-# task back in the queue, a bounded number of times, instead of failing the array.
-if [[ $rc -eq 75 && ${SLURM_RESTART_COUNT:-0} -lt ${MAX_REQUEUES:-3} ]]; then
+# task back in the queue, a bounded number of times, instead of failing the array. Not
+# after a scancel: a cancelled task stays cancelled.
+if [[ $rc -eq 75 && $cancelled -eq 0 && ${SLURM_RESTART_COUNT:-0} -lt ${MAX_REQUEUES:-3} ]]; then
     echo "extract exited 75 (temporary); requeueing ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} (restart ${SLURM_RESTART_COUNT:-0})" >&2
     scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
 fi
