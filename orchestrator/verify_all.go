@@ -68,8 +68,7 @@ const maxAllProblems = 100
 
 // VerifyAll checks every shard of the job's plan against the dataset and the one
 // output dir they share. It takes each shard's run lock, so it never races a running
-// shard (a held one is ErrTemporary), and changes nothing: a shard's own
-// `extract verify --repair --shard i/n` fixes what this finds.
+// shard (a held one is ErrTemporary), and changes nothing.
 func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllReport, error) {
 	var rep VerifyAllReport
 	base := cfg.JobStateDir()
@@ -327,7 +326,7 @@ func findStrays(outputDir string, owner []int32, rep *VerifyAllReport) error {
 				if inner, ok = strings.CutSuffix(inner, ".tmp"); ok {
 					if _, ok := dataSample(inner); ok {
 						rep.TempFiles++
-						rep.problem("%s: leftover temp file (a shard's `extract verify --repair` removes it)", rel)
+						rep.problem("%s: leftover temp file", rel)
 					}
 				}
 				continue

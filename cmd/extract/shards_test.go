@@ -124,6 +124,10 @@ func TestThreeShardsRunTogetherAndAddUpToTheDatasetExactlyOnce(t *testing.T) {
 	if r := j.run("verify", "--all"); r.code != 1 || !strings.Contains(r.stdout, "sample 45 (shard 1/3): file missing") {
 		t.Fatalf("verify --all with sample 45's file gone: exit %d, want 1 naming it\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// A shard's repair would adopt the other shards' files as its own orphans.
+	if r := j.run("verify", "--repair", "--shard", "1/3"); r.code != 2 || !strings.Contains(r.stderr, "verify --all") {
+		t.Fatalf("verify --repair on a shard: exit %d, want 2\n%s%s", r.code, r.stdout, r.stderr)
+	}
 }
 
 func TestShardAutoRefusesAResubmittedTaskThatDoesNotSayTheCount(t *testing.T) {

@@ -21,6 +21,9 @@ func newVerifyCmd() *cobra.Command {
 			if all {
 				return runVerifyAll(cmd, &cf, opt)
 			}
+			if err := refuseShardRepair(cmd, &cf, opt); err != nil {
+				return err
+			}
 			return runVerify(cmd, &cf, opt)
 		},
 	}

@@ -9,11 +9,28 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// refuseShardRepair stops `verify --repair` on one shard: the other shards' files in the
+// shared output dir look like this shard's orphans, and adopting them would mark samples
+// done in two indexes. Until repair filters by the shard's range, it is refused.
+func refuseShardRepair(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions) error {
+	if !opt.Repair {
+		return nil
+	}
+	cfg, err := cf.load(cmd)
+	if err != nil {
+		return err
+	}
+	if cfg.Shard.Sharded() {
+		return usageError{fmt.Errorf("verify --repair on shard %s is refused: the other shards' outputs share %s and would be adopted into this shard's index; check the job with `extract verify --all`, and redo a shard's bad samples with `extract run --resume --shard %s`", cfg.Shard, cfg.OutputDir, cfg.Shard)}
+	}
+	return nil
+}
+
 func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions) error {
 	if opt.Repair {
 		// Each shard repairs its own index; one command writing n indexes at once
 		// would be a second coordinator.
-		return usageError{errors.New("verify --all checks only; repair a shard with `extract verify --repair --shard i/n`")}
+		return usageError{errors.New("verify --all checks only; a shard's missing or bad samples are redone by `extract run --resume --shard i/n` once its index no longer says them done")}
 	}
 	cfg, err := cf.load(cmd)
 	if err != nil {
@@ -37,7 +54,7 @@ func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOpti
 	fmt.Fprintf(out, "%d shards, %d samples: %d done exactly once; %d gaps, %d overlaps, %d misplaced, %d missing, %d corrupt, %d orphan files, %d temp files, %d mismatched shards\n",
 		rep.Shards, rep.Samples, rep.Done, rep.Gaps, rep.Overlaps, rep.Misplaced, rep.Missing, rep.Corrupt, rep.Orphans, rep.TempFiles, rep.Mismatched)
 	if !rep.OK() {
-		return errors.New("verify --all found problems (listed above): `extract run --resume --shard i/n` redoes a shard's gaps; `extract verify --repair --shard i/n` fixes its index")
+		return errors.New("verify --all found problems (listed above): `extract run --resume --shard i/n` redoes a shard's gaps")
 	}
 	fmt.Fprintln(out, "ok: the union of the shards is the dataset, each sample exactly once")
 	return nil
