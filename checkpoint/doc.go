@@ -21,8 +21,11 @@
 //	│  ├──created : RFC 3339 time; its presence marks an initialised job
 //	│  ├──attempt_base : 8-byte big-endian; the highest attempt any sample reached
 //	│  │                 before the last Reset; optional, absent reads as 0
-//	│  └──output_format : string, the layout's name ("specforge+gzip"); where verify
-//	│                     finds files; optional, absent reads as safetensors
+//	│  ├──output_format : string, the layout's name ("specforge+gzip"); where verify
+//	│  │                  finds files; optional, absent reads as safetensors
+//	│  └──shard : 16 bytes, index then count, 8-byte big-endian each: the index covers
+//	│             shard index of count (the job split across nodes); optional, absent
+//	│             is the whole dataset
 //	├──samples
 //	│  └──<sample> : 8-byte big-endian sample index → record (see encodeRecord)
 //	└──counters
@@ -43,7 +46,9 @@
 // attempt_base was added without a version bump: an index written before it has no
 // such key, which reads as 0, exactly the base it had; testdata/index-v1.db is such a
 // file. Older builds ignore the key, so they can still open a newer index, but a Reset
-// by an older build forgets the base.
+// by an older build forgets the base. shard was added the same way: an older build
+// that opens a shard's index sees a job of the whole dataset, but it is only ever run
+// with the shard's state_dir, which a build without shards never derives.
 //
 // output_format and imported were added like attempt_base, without a version bump. An
 // imported record is a done record whose stored rid starts with "import:" (Record.Imported);

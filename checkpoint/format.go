@@ -2,6 +2,7 @@ package checkpoint
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -153,3 +154,35 @@ func (l Layout) tensorNames() [4]string {
 
 // batchDim says whether the hidden tensors carry SpecForge's leading batch dim of 1.
 func (l Layout) batchDim() bool { return l.format() == FormatSpecForge }
+
+// SampleOf returns the sample of a data file name this layout writes, in the canonical
+// spelling only.
+func (l Layout) SampleOf(name string) (int, bool) { return l.parseName(name) }
+
+// IsTemp reports whether name is a temp file this layout's writer makes.
+func (l Layout) IsTemp(name string) bool { return l.isTemp(name) }
+
+// DataDirs lists the folders that hold this layout's files: the rows_ groups under Dir,
+// or Dir itself for a flat layout. A missing Dir has none.
+func (l Layout) DataDirs() ([]string, error) {
+	if !l.grouped() {
+		if _, err := os.Stat(l.Dir); os.IsNotExist(err) {
+			return nil, nil
+		}
+		return []string{l.Dir}, nil
+	}
+	entries, err := os.ReadDir(l.Dir)
+	if os.IsNotExist(err) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read output directory %s: %w", l.Dir, err)
+	}
+	var dirs []string
+	for _, e := range entries {
+		if e.IsDir() && l.isDataDir(e.Name()) {
+			dirs = append(dirs, filepath.Join(l.Dir, e.Name()))
+		}
+	}
+	return dirs, nil
+}

@@ -41,6 +41,7 @@ var (
 	keyCreated            = []byte("created")
 	keyAttemptBase        = []byte("attempt_base")
 	keyOutputFormat       = []byte("output_format")
+	keyShard              = []byte("shard")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
@@ -197,6 +198,10 @@ type Meta struct {
 	// OutputFormat is the layout's name ("specforge+gzip"): where verify looks for
 	// files. Optional; an index without it is safetensors.
 	OutputFormat string
+	// ShardIndex of ShardCount is the part of the dataset this index covers when the
+	// job is split across nodes; ShardCount 0 (the key absent) is the whole dataset.
+	// Total stays the dataset's size.
+	ShardIndex, ShardCount int
 }
 
 // Meta returns the job's metadata, and false when no job has been initialised.
@@ -228,7 +233,13 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 	if err != nil {
 		return Meta{}, false, err
 	}
+	si, sn, err := shardPlan(tx)
+	if err != nil {
+		return Meta{}, false, err
+	}
 	return Meta{
+		ShardIndex:         si,
+		ShardCount:         sn,
 		AttemptBase:        base,
 		SchemaVersion:      int(binary.BigEndian.Uint64(b.Get(keySchemaVersion))),
 		DatasetFingerprint: string(b.Get(keyDatasetFingerprint)),
@@ -261,6 +272,24 @@ func attemptBase(tx *bolt.Tx) (int, error) {
 	return int(n), nil
 }
 
+// shardPlan reads meta's shard: 16 bytes, index then count, big-endian; absent in an
+// index of an unsharded job, and in one written before the key existed, which reads as
+// unsharded, what it was.
+func shardPlan(tx *bolt.Tx) (index, count int, err error) {
+	v := tx.Bucket(bucketMeta).Get(keyShard)
+	switch {
+	case v == nil:
+		return 0, 0, nil
+	case len(v) != 16:
+		return 0, 0, fmt.Errorf("meta shard is %d bytes, want 16", len(v))
+	}
+	i, n := binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])
+	if n == 0 || i >= n || n > math.MaxInt32 {
+		return 0, 0, fmt.Errorf("meta shard %d of %d is not a shard", i, n)
+	}
+	return int(i), int(n), nil
+}
+
 func writeMeta(tx *bolt.Tx, m Meta) error {
 	if m.Total < 0 {
 		return fmt.Errorf("total %d is negative", m.Total)
@@ -271,7 +300,18 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 	if m.Created.IsZero() {
 		m.Created = time.Now()
 	}
+	if m.ShardCount < 0 || m.ShardIndex < 0 || m.ShardCount > math.MaxInt32 || (m.ShardCount > 0 && m.ShardIndex >= m.ShardCount) || (m.ShardCount == 0 && m.ShardIndex != 0) {
+		return fmt.Errorf("shard %d of %d is not a shard", m.ShardIndex, m.ShardCount)
+	}
 	b := tx.Bucket(bucketMeta)
+	if m.ShardCount == 0 {
+		// Unsharded writes no key, so the file is byte-for-byte what older builds write.
+		if err := b.Delete(keyShard); err != nil {
+			return fmt.Errorf("write meta %s: %w", keyShard, err)
+		}
+	} else if err := b.Put(keyShard, append(u64(uint64(m.ShardIndex)), u64(uint64(m.ShardCount))...)); err != nil {
+		return fmt.Errorf("write meta %s: %w", keyShard, err)
+	}
 	for _, kv := range []struct{ k, v []byte }{
 		{keySchemaVersion, u64(SchemaVersion)},
 		{keyDatasetFingerprint, []byte(m.DatasetFingerprint)},

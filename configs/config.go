@@ -39,6 +39,7 @@ type Config struct {
 	Output    Output   `mapstructure:"output"`
 	Status    Status   `mapstructure:"status"`
 	Log       Log      `mapstructure:"log"`
+	Shard     Shard    `mapstructure:"shard"`
 }
 
 // Server describes the SGLang server (or the simulator standing in for it).
@@ -207,6 +208,13 @@ type Flag struct {
 // the result and makes its paths absolute. Relative paths from the file resolve against
 // the file's folder; those from env or flags against the working directory.
 func Load(file string, flags []Flag) (*Config, error) {
+	return LoadShard(file, flags, "")
+}
+
+// LoadShard is Load with the --shard flag's value ("i/n", "auto" or "auto/n"; "" leaves
+// the shard keys as file and env set them). A sharded config's state_dir and shm_dir
+// are the shard's own subdirs (see Shard).
+func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	if err := checkEnv(os.Environ()); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
@@ -255,6 +263,9 @@ func Load(file string, flags []Flag) (*Config, error) {
 	}
 	if c.StateDir == "" && c.OutputDir != "" {
 		c.StateDir = filepath.Join(c.OutputDir, ".extract")
+	}
+	if err := c.resolveShard(shard, os.Getenv); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if err := c.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
@@ -516,6 +527,13 @@ func (c *Config) Validate() error {
 		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
 			bad("status.listen", "port %q must be a number 0..65535 (0 = any free port)", port)
 		}
+	}
+	if c.Shard.Count < 0 || c.Shard.Count > MaxShards {
+		bad("shard.count", "must be 0..%d (0 = not sharded), got %d", MaxShards, c.Shard.Count)
+	} else if c.Shard.Count == 0 && c.Shard.Index != 0 {
+		bad("shard.index", "is %d but shard.count is 0 (not sharded); set shard.count", c.Shard.Index)
+	} else if c.Shard.Count > 0 && (c.Shard.Index < 0 || c.Shard.Index >= c.Shard.Count) {
+		bad("shard.index", "must be 0..%d for shard.count %d, got %d", c.Shard.Count-1, c.Shard.Count, c.Shard.Index)
 	}
 	if c.Disk.WhenShort != "refuse" && c.Disk.WhenShort != "warn" {
 		bad("disk.when_short", "must be refuse or warn, got %q", c.Disk.WhenShort)

@@ -178,8 +178,11 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		started:    started,
 		indexIno:   st.Sys().(*syscall.Stat_t).Ino,
 	}
+	// A shard admits only its own range; the ledger counts it as the shard's total.
+	span := spanOf(cfg, ds.Len())
+	j.ledger.owned = span.size()
 	for i, s := range prog.State {
-		if s != checkpoint.StateDone {
+		if s != checkpoint.StateDone && span.owns(i) {
 			j.admission.queue = append(j.admission.queue, i)
 		}
 	}
@@ -216,9 +219,9 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 
 // run drives the job. ctx is the operator's: its cancellation starts a graceful stop.
 func (j *job) run(ctx context.Context) (Result, error) {
-	res := Result{OutputDir: j.cfg.OutputDir, Total: j.ds.Len()}
+	res := Result{OutputDir: j.cfg.OutputDir, Total: j.ledger.size()}
 
-	if j.ledger.c.Done == j.ds.Len() {
+	if j.ledger.c.Done == j.ledger.size() {
 		j.log.Info("job already complete", "samples", j.ledger.c.Done, "output_dir", j.cfg.OutputDir)
 		j.stopServer(ctx)
 		res.Outcome, res.Done, res.Bytes = AlreadyComplete, j.ledger.c.Done, j.ledger.c.BytesWritten
@@ -231,7 +234,8 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	}
 	j.status = status
 	defer status.close()
-	ri, _ := json.Marshal(runInfo{PID: os.Getpid(), StatusAddr: status.addr, StartedAt: j.started.UTC()})
+	host, _ := os.Hostname()
+	ri, _ := json.Marshal(runInfo{PID: os.Getpid(), Host: host, StatusAddr: status.addr, StartedAt: j.started.UTC()})
 	if err := atomicfile.WriteFile(runInfoPath(j.cfg.StateDir), ri, 0o644); err != nil {
 		return res, err
 	}

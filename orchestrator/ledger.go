@@ -10,10 +10,12 @@ type ledger struct {
 	state   []checkpoint.State
 	attempt []uint32
 	c       checkpoint.Counters
+	// owned is how many samples this run owns: the dataset, or the shard's range.
+	owned int
 }
 
 func newLedger(p *checkpoint.Progress, c checkpoint.Counters) ledger {
-	return ledger{state: p.State, attempt: p.Attempt, c: c}
+	return ledger{state: p.State, attempt: p.Attempt, c: c, owned: len(p.State)}
 }
 
 // set moves sample s to state to; a done sample's bytes and tokens are counted once.
@@ -40,9 +42,13 @@ func (l *ledger) set(s int, to checkpoint.State, bytes int64, tokens int) {
 	l.state[s] = to
 }
 
+// total is the dataset's size, which bounds every sample index.
 func (l *ledger) total() int { return len(l.state) }
 
-// remaining is what is neither done nor failed.
-func (l *ledger) remaining() int { return l.total() - l.c.Done - l.c.Failed }
+// size is how many samples this run owns: the dataset, or the shard's range.
+func (l *ledger) size() int { return l.owned }
+
+// remaining is what this run owns that is neither done nor failed.
+func (l *ledger) remaining() int { return l.size() - l.c.Done - l.c.Failed }
 
 func (l *ledger) done(s int) bool { return l.state[s] == checkpoint.StateDone }

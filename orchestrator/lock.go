@@ -114,7 +114,10 @@ func readLockPID(path string) int {
 
 // runInfo is state_dir/run.json: how `extract status` and `extract stop` reach the live run.
 type runInfo struct {
-	PID        int       `json:"pid"`
+	PID int `json:"pid"`
+	// Host is where the run is: its status address is only reachable from there (a
+	// shard on another node is read from its snapshot instead).
+	Host       string    `json:"host,omitempty"`
 	StatusAddr string    `json:"status_addr"`
 	StartedAt  time.Time `json:"started_at"`
 }

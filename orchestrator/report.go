@@ -103,7 +103,7 @@ func (j *job) snapshot() Status {
 	}
 	return Status{
 		State: state, Source: "live", PID: os.Getpid(),
-		Total: j.ledger.total(), Done: c.Done, Failed: c.Failed, Pending: remaining,
+		Total: j.ledger.size(), DatasetSamples: j.ds.Len(), Done: c.Done, Failed: c.Failed, Pending: remaining,
 		Inflight: len(j.inflight), BytesWritten: c.BytesWritten, Imported: c.Imported,
 		SamplesPerSecond: sps, TokensPerSecond: tps, BytesPerSecond: bps, ETASeconds: eta,
 		Paused: append([]string{}, j.admission.paused...), Server: j.server, Rejected: rejected, AdoptedDumps: j.adopted, GPUs: gpus,

@@ -75,12 +75,16 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if pid, held := LockHolder(cfg.StateDir); held {
 		return Result{Outcome: AlreadyRunning, HolderPID: pid, OutputDir: cfg.OutputDir}, nil
 	}
+	// Before the dataset is read: a changed split is a usage error whatever the data.
+	if err := checkShardPlan(cfg); err != nil {
+		return res, err
+	}
 	ds, err := OpenDataset(cfg.Dataset)
 	if err != nil {
 		return res, err
 	}
 	defer ds.Close()
-	res.Total = ds.Len()
+	res.Total = spanOf(cfg, ds.Len()).size()
 	if err := makeJobDirs(cfg); err != nil {
 		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
 	}
@@ -141,6 +145,8 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		Total:              ds.Len(),
 		Created:            time.Now().UTC(),
 		OutputFormat:       outputLayout(cfg).Name(),
+		ShardIndex:         cfg.Shard.Index,
+		ShardCount:         cfg.Shard.Count,
 	}
 	meta, ok, err := ix.Meta()
 	if err != nil {
@@ -148,6 +154,12 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 	}
 	if !ok {
 		return ix.Init(want)
+	}
+	// The dir name says the plan too, but a renamed or copied dir must not run another
+	// shard's range against this index's records.
+	if ok && (meta.ShardIndex != cfg.Shard.Index || meta.ShardCount != cfg.Shard.Count) {
+		return fmt.Errorf("%w: index %s records shard %d of %d (0 of 0: unsharded) but this run is shard %d of %d: was the state dir renamed? run the shard it records, or start over with --fresh",
+			ErrRefused, ix.Path(), meta.ShardIndex, meta.ShardCount, cfg.Shard.Index, cfg.Shard.Count)
 	}
 	if opt.Fresh {
 		opt.Log.Warn("starting over (--fresh): index reset; existing output files will be overwritten", "index", ix.Path())

@@ -26,10 +26,12 @@ import (
 
 // Status is what `extract status` shows, live from the running process or from the index.
 type Status struct {
-	State            string           `json:"state"`  // running | stopped | complete
-	Source           string           `json:"source"` // live | snapshot | index
-	PID              int              `json:"pid,omitempty"`
-	Total            int              `json:"total"`
+	State  string `json:"state"`  // running | stopped | complete
+	Source string `json:"source"` // live | snapshot | index
+	PID    int    `json:"pid,omitempty"`
+	Total  int    `json:"total"` // this run's samples: the shard's when sharded
+	// DatasetSamples is the whole dataset's size, which a shard's range is cut from.
+	DatasetSamples   int              `json:"dataset_samples,omitempty"`
 	Done             int              `json:"done"`
 	Imported         int              `json:"imported"` // of done: adopted by extract import, not computed
 	Failed           int              `json:"failed"`
@@ -263,6 +265,7 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 			// No job started yet: everything in the dataset is pending.
 			st.UpdatedAt = time.Now()
 			if n, err := countLines(cfg.Dataset); err == nil {
+				n = spanOf(cfg, n).size()
 				st.Total, st.Pending = n, n
 			}
 			return st, nil
@@ -283,7 +286,8 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 		return st, err
 	}
 	if ok {
-		st.Total = meta.Total
+		lo, hi := ShardRange(meta.Total, meta.ShardIndex, meta.ShardCount)
+		st.Total, st.DatasetSamples = hi-lo, meta.Total
 		st.Dataset = meta.DatasetPath
 	}
 	st.Done, st.Failed, st.BytesWritten, st.Imported = c.Done, c.Failed, c.BytesWritten, c.Imported

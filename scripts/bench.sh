@@ -8,6 +8,7 @@
 #
 #   scripts/bench.sh                  # all figures, then the table (2 to 3 minutes)
 #   scripts/bench.sh --no-go-bench    # skip the `go test -bench` part
+#   scripts/bench.sh --shards         # also figure 7: status --all, 8 shards × 1M (+2-3 min, 1.2 GB)
 #   BENCH_OUT=/nvme/bench scripts/bench.sh   # output dir on the disk to measure
 #
 # Environment:
@@ -22,11 +23,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 GO_BENCH=1
+SHARDS=0
 for a in "$@"; do
 	case "$a" in
 	--no-go-bench) GO_BENCH=0 ;;
+	--shards) SHARDS=1 ;;
 	-h | --help)
-		sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -107,6 +110,10 @@ T resume "${X[@]}" -done 37312 -status-runs 5
 T resume "${X[@]}" -done 1000000 -tokens-lo 32 -tokens-hi 32 -target 5s -status-runs 5
 echo "== figure 6: peak RSS while moving 8 × 256 MiB"
 T rss "${X[@]}"
+if [ "$SHARDS" = 1 ]; then
+	echo "== figure 7: status --all over 8 shards of 1M samples"
+	T shards "${X[@]}" -shards 8 -per 1000000 -runs 21
+fi
 
 if [ "$GO_BENCH" = 1 ]; then
 	echo "== go test -bench (mover, index commit path, watcher, dataset)"

@@ -84,7 +84,7 @@ func newRootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd())
 	return root
 }
 
@@ -98,7 +98,8 @@ func noArgs(cmd *cobra.Command, args []string) error {
 
 // configFlags are the flags every command that reads the config shares.
 type configFlags struct {
-	file string
+	file  string
+	shard string
 }
 
 func (f *configFlags) register(cmd *cobra.Command) {
@@ -108,6 +109,7 @@ func (f *configFlags) register(cmd *cobra.Command) {
 	cmd.Flags().String("state-dir", "", "state directory (config key state_dir; default <output_dir>/.extract)")
 	cmd.Flags().String("shm-dir", "", "staging directory on tmpfs (config key shm_dir)")
 	cmd.Flags().String("status-listen", "", "host:port of the live status and metrics endpoint (config key status.listen)")
+	cmd.Flags().StringVar(&f.shard, "shard", "", "this run's shard of a job split across nodes: i/n, or auto (Slurm array / Kubernetes Indexed Job), auto/n (config keys shard.index, shard.count)")
 }
 
 func (f *configFlags) load(cmd *cobra.Command) (*configs.Config, error) {
@@ -120,5 +122,5 @@ func (f *configFlags) load(cmd *cobra.Command) (*configs.Config, error) {
 			bound = append(bound, configs.Flag{Key: key, Flag: fl})
 		}
 	}
-	return configs.Load(f.file, bound)
+	return configs.LoadShard(f.file, bound, f.shard)
 }

@@ -16,17 +16,22 @@ func newStatusCmd() *cobra.Command {
 	var cf configFlags
 	var asJSON bool
 	var watch time.Duration
+	var all bool
 	cmd := &cobra.Command{
-		Use:   "status [--config F] [--json]",
+		Use:   "status [--config F] [--json] [--all]",
 		Short: "Show the job's progress: live from the running process, else from the index",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all {
+				return runStatusAll(cmd, &cf, asJSON)
+			}
 			return runStatus(cmd, &cf, asJSON, watch)
 		},
 	}
 	cf.register(cmd)
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
+	cmd.Flags().BoolVar(&all, "all", false, "the whole job across every shard under the state dir (per-shard rows, dead shards)")
 	return cmd
 }
 

@@ -15,11 +15,18 @@ func newVerifyCmd() *cobra.Command {
 	var cf configFlags
 	var opt checkpoint.VerifyOptions
 	var asJSON bool
+	var all bool
 	cmd := &cobra.Command{
 		Use:   "verify [--config F] [--deep] [--repair] [--json]",
 		Short: "Check output files against the index and the dataset; --deep reads every byte, --repair fixes or rebuilds the index",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if all {
+				return runVerifyAll(cmd, &cf, opt)
+			}
+			if err := refuseShardRepair(cmd, &cf, opt); err != nil {
+				return err
+			}
 			return runVerify(cmd, &cf, opt, asJSON)
 		},
 	}
@@ -27,6 +34,7 @@ func newVerifyCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&opt.Deep, "deep", false, "read every file: recompute its crc32c and compare its tokens with the dataset")
 	cmd.Flags().BoolVar(&opt.Repair, "repair", false, "send missing or corrupt samples back to pending, adopt valid unindexed files, remove temp files; move a missing or damaged index aside and rebuild it from the files")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.Flags().BoolVar(&all, "all", false, "check that the shards add up to the dataset: each sample done exactly once, by its owner, with its file")
 	return cmd
 }
 

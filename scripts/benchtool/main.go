@@ -9,6 +9,7 @@
 //	benchtool rss     -extract BIN -shm D -out D ...      figure 6: peak RSS moving 8 × 256 MiB
 //	benchtool dataset -o F -n N -tokens T                 a JSONL dataset of input_ids
 //	benchtool index   -config F -done N                   an index with N samples done
+//	benchtool shards  -extract BIN -out D -shards 8 -per 1000000   figure 7: status --all
 //	benchtool report  -results F                          the table
 //
 // Each figure appends JSON lines to the results file; report prints them as a table.
@@ -36,6 +37,7 @@ var commands = map[string]command{
 	"dataset": {"write a JSONL dataset of input_ids", cmdDataset},
 	"index":   {"write an index with N samples done", cmdIndex},
 	"report":  {"print the results as a table", cmdReport},
+	"shards":  {"figure 7: status --all over 8 shards of 1M samples", cmdShards},
 }
 
 func usage() {
