@@ -75,7 +75,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if pid, held := LockHolder(cfg.StateDir); held {
 		return Result{Outcome: AlreadyRunning, HolderPID: pid, OutputDir: cfg.OutputDir}, nil
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenDatasetCached(cfg.Dataset, cfg.StateDir)
 	if err != nil {
 		return res, err
 	}
