@@ -6,12 +6,14 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 )
 
 // profileEnv names a directory where this process writes CPU, block and mutex profiles
-// (cpu-, block-, mutex-<command>-<pid>.pprof) when it exits: how docs/performance.md
-// found the serial step of a run. The pid keeps apart the run and the simulator it
+// (cpu-, block-, mutex-<command>-<pid>.pprof) and an execution trace (trace-…, which
+// `go tool trace -pprof=syscall` turns into where goroutines waited in syscalls, fsync
+// included) when it exits: how docs/performance.md found the serial step of a run. The pid keeps apart the run and the simulator it
 // launches, which inherits the variable.
 const profileEnv = "EXTRACT_PROFILE_DIR"
 
@@ -44,7 +46,19 @@ func startProfiles(args []string) (stop func()) {
 		cpu.Close()
 		cpu = nil
 	}
+	tr, err := os.Create(filepath.Join(dir, "trace-"+base))
+	if err != nil {
+		warn(err)
+	} else if err := trace.Start(tr); err != nil {
+		warn(err)
+		tr.Close()
+		tr = nil
+	}
 	return func() {
+		if tr != nil {
+			trace.Stop()
+			tr.Close()
+		}
 		if cpu != nil {
 			pprof.StopCPUProfile()
 			cpu.Close()
