@@ -11,7 +11,7 @@ import (
 )
 
 // profileEnv names a directory where this process writes CPU, block and mutex profiles
-// (cpu-, block-, mutex-<command>-<pid>.pprof) and an execution trace (trace-…, which
+// (cpu-, block-, mutex-<command>-<pid>.pprof) and an execution trace (trace-….out, which
 // `go tool trace -pprof=syscall` turns into where goroutines waited in syscalls, fsync
 // included) when it exits: how docs/performance.md found the serial step of a run. The pid keeps apart the run and the simulator it
 // launches, which inherits the variable.
@@ -28,7 +28,7 @@ func startProfiles(args []string) (stop func()) {
 	if len(args) > 1 && !strings.HasPrefix(args[1], "-") {
 		name = args[1]
 	}
-	base := fmt.Sprintf("%s-%d.pprof", name, os.Getpid())
+	base := fmt.Sprintf("%s-%d", name, os.Getpid())
 	warn := func(err error) { fmt.Fprintf(os.Stderr, "extract: %s: %v\n", profileEnv, err) }
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		warn(err)
@@ -38,7 +38,7 @@ func startProfiles(args []string) (stop func()) {
 	// finding a serial step, not for production.
 	runtime.SetBlockProfileRate(1)
 	runtime.SetMutexProfileFraction(1)
-	cpu, err := os.Create(filepath.Join(dir, "cpu-"+base))
+	cpu, err := os.Create(filepath.Join(dir, "cpu-"+base+".pprof"))
 	if err != nil {
 		warn(err)
 	} else if err := pprof.StartCPUProfile(cpu); err != nil {
@@ -46,7 +46,7 @@ func startProfiles(args []string) (stop func()) {
 		cpu.Close()
 		cpu = nil
 	}
-	tr, err := os.Create(filepath.Join(dir, "trace-"+base))
+	tr, err := os.Create(filepath.Join(dir, "trace-"+base+".out"))
 	if err != nil {
 		warn(err)
 	} else if err := trace.Start(tr); err != nil {
@@ -64,7 +64,7 @@ func startProfiles(args []string) (stop func()) {
 			cpu.Close()
 		}
 		for _, p := range []string{"block", "mutex"} {
-			f, err := os.Create(filepath.Join(dir, p+"-"+base))
+			f, err := os.Create(filepath.Join(dir, p+"-"+base+".pprof"))
 			if err != nil {
 				warn(err)
 				continue
