@@ -300,6 +300,7 @@ var envNotKeys = map[string]string{
 	"EXTRACT_SERVER_ID":      "sglang: marks the server's processes as this job's (process.go, owner.go)",
 	"EXTRACT_BENCH_OUT":      "checkpoint's mover benchmark and scripts/bench.sh: the output dir to measure",
 	"EXTRACT_TEST_INHERITED": "sglang's launch test: an inherited variable it looks for",
+	"EXTRACT_PROFILE_DIR":    "cmd/extract: write CPU, block and mutex profiles there at exit (docs/performance.md)",
 }
 
 // checkEnv refuses an EXTRACT_* variable that names no key: viper would ignore it, and

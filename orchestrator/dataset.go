@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"math"
 	"os"
 	"syscall"
 	"time"
@@ -34,6 +35,9 @@ type Dataset struct {
 	lines       []lineRef
 	f           *os.File // kept open for Sample; ReadAt is safe from many goroutines
 	stat        fileID   // the file as indexed; Sample refuses to read any other
+
+	indexedKey indexedKey // the file's identity over the full read, for the cache
+	cached     bool       // lines and Fingerprint came from the cache (dataset_cache.go)
 }
 
 type lineRef struct {
@@ -100,14 +104,18 @@ func (d *Dataset) statOpen() (fileID, error) {
 
 func (d *Dataset) index() error {
 	path, f := d.Path, d.f
+	began := time.Now()
+	keyBefore, keyErr := cacheKeyOf(f)
 	before, err := d.statOpen()
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadDataset, err)
 	}
 	// The fingerprint is hashed on the other core while this one checks the lines: on a
 	// resume of a 500 MB dataset the two together are most of the time to the first request.
+	// It reads the open file, not the path: a file renamed over the path meanwhile must not
+	// be the one hashed.
 	fp := make(chan hashResult, 1)
-	go func() { fp <- hashFile(path) }()
+	go func() { fp <- hashFile(f) }()
 	r := bufio.NewReaderSize(f, 1<<20)
 	var off int64
 	var long []byte // a line longer than the reader's buffer, assembled
@@ -168,6 +176,9 @@ func (d *Dataset) index() error {
 		return fmt.Errorf("%w: %s changed while it was read (%s); open it again once nothing writes it", ErrDatasetChanged, path, describeChange(before, after))
 	}
 	d.stat = after
+	if keyAfter, err := cacheKeyOf(f); keyErr == nil && err == nil && keyAfter == keyBefore {
+		d.indexedKey = indexedKey{key: keyBefore, began: began, ok: true}
+	}
 	if len(d.lines) == 0 {
 		return fmt.Errorf("%w: %s has no samples", ErrBadDataset, path)
 	}
@@ -182,15 +193,11 @@ type hashResult struct {
 	err  error
 }
 
-// hashFile is the dataset fingerprint: the sha256 of the file's bytes.
-func hashFile(path string) hashResult {
-	f, err := os.Open(path)
-	if err != nil {
-		return hashResult{err: err}
-	}
-	defer f.Close()
+// hashFile is the dataset fingerprint: the sha256 of the file's bytes. It reads with
+// ReadAt, so it shares f with the line pass, which reads through f's offset.
+func hashFile(f *os.File) hashResult {
 	h := sha256.New()
-	n, err := io.CopyBuffer(h, f, make([]byte, 1<<20))
+	n, err := io.CopyBuffer(h, io.NewSectionReader(f, 0, math.MaxInt64), make([]byte, 1<<20))
 	if err != nil {
 		return hashResult{err: err}
 	}

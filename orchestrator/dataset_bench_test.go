@@ -74,6 +74,48 @@ func BenchmarkOpenDataset(b *testing.B) {
 	}
 }
 
+// BenchmarkOpenDatasetCached is the same check on a resume that finds the line-index
+// cache of an earlier start: a stat, a read of the cache and its crc32c, no dataset read.
+// The bytes/s are the dataset's, for comparison with BenchmarkOpenDataset.
+func BenchmarkOpenDatasetCached(b *testing.B) {
+	old := racyMargin
+	racyMargin = 0 // the dataset was just written; no edit races these reads
+	defer func() { racyMargin = old }()
+	for _, c := range []struct {
+		name      string
+		n, lo, hi int
+	}{
+		{"real-length-4k", 4000, 200, 4100},
+		{"short-100k", 100_000, 32, 32},
+		{"short-1M", 1_000_000, 32, 32},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			path := benchDataset(b, c.n, c.lo, c.hi)
+			state := b.TempDir()
+			st, err := os.Stat(path)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(st.Size())
+			d, err := OpenDatasetCached(path, state)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Close()
+			for b.Loop() {
+				d, err := OpenDatasetCached(path, state)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if !d.cached || d.Len() != c.n {
+					b.Fatalf("cached %v, %d samples, want the cache's %d", d.cached, d.Len(), c.n)
+				}
+				d.Close()
+			}
+		})
+	}
+}
+
 // BenchmarkDatasetSample is the re-read and decode of one sample before its request.
 func BenchmarkDatasetSample(b *testing.B) {
 	d, err := OpenDataset(benchDataset(b, 64, 2000, 2300))

@@ -79,7 +79,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := checkShardPlan(cfg); err != nil {
 		return res, err
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenDatasetCached(cfg.Dataset, cfg.StateDir)
 	if err != nil {
 		return res, err
 	}

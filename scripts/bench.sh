@@ -6,18 +6,23 @@
 # absolute times on a shared machine are noise, the ratios are the point.
 # docs/performance.md explains each figure and what it means for a real 8-GPU job.
 #
-#   scripts/bench.sh                  # all figures, then the table (2 to 3 minutes)
+#   scripts/bench.sh                  # all figures, then the table (3 to 5 minutes)
 #   scripts/bench.sh --no-go-bench    # skip the `go test -bench` part
 #   scripts/bench.sh --shards         # also figure 7: status --all, 8 shards × 1M (+2-3 min, 1.2 GB)
 #   BENCH_OUT=/nvme/bench scripts/bench.sh   # output dir on the disk to measure
+#   BENCH_EXTRACT=bin/extract BENCH_BENCHTOOL=bin/benchtool scripts/bench.sh --no-go-bench
+#                                     # on a machine without Go: prebuilt binaries
 #
 # Environment:
-#   BENCH_OUT      output base dir, on the output disk, not a tmpfs (default: out/bench)
-#   BENCH_SHM      staging base dir, on a tmpfs (default: /dev/shm/extract-bench)
-#   BENCH_EXTRACT  an extract binary to measure instead of building ./cmd/extract
+#   BENCH_OUT        output base dir, on the output disk, not a tmpfs (default: out/bench)
+#   BENCH_SHM        staging base dir, on a tmpfs (default: /dev/shm/extract-bench)
+#   BENCH_EXTRACT    an extract binary to measure instead of building ./cmd/extract
+#   BENCH_BENCHTOOL  a benchtool binary instead of building ./scripts/benchtool
+#   BENCH_COMMIT     the commit the binaries were built from, for machine.md (default: git's)
 #
-# Needs: Go, cp, sync, about 8 GiB free on BENCH_OUT and 3 GiB on BENCH_SHM. Everything
-# it writes is removed at the end, except BENCH_OUT/{results.jsonl,table.md,machine.md,gobench.txt}.
+# Needs: cp, sync, about 8 GiB free on BENCH_OUT and 5 GiB on BENCH_SHM; Go only to build
+# what is not given and for the `go test -bench` part. Everything it writes is removed at
+# the end, except BENCH_OUT/{results.jsonl,table.md,machine.md,gobench.txt}.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -29,7 +34,7 @@ for a in "$@"; do
 	--no-go-bench) GO_BENCH=0 ;;
 	--shards) SHARDS=1 ;;
 	-h | --help)
-		sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -51,7 +56,7 @@ RESULTS=$OUT/results.jsonl
 
 cleanup() {
 	rm -rf "$SHM" "$BIN"
-	for d in mover small e2e rss resume-37312 resume-1000000 gobench; do
+	for d in mover mover-out small e2e rss resume-37312 resume-1000000 gobench; do
 		rm -rf "${OUT:?}/$d"
 	done
 }
@@ -68,9 +73,19 @@ if [ "$(fstype "$OUT")" = tmpfs ]; then
 	echo "bench.sh: BENCH_OUT=$OUT is a tmpfs: fsync would cost nothing; point it at the output disk" >&2
 	exit 2
 fi
-if [ "$(avail_gib "$OUT")" -lt 8 ] || [ "$(avail_gib "$SHM")" -lt 3 ]; then
-	echo "bench.sh: need 8 GiB free on $OUT (has $(avail_gib "$OUT")) and 3 GiB on $SHM (has $(avail_gib "$SHM"))" >&2
+if [ "$(avail_gib "$OUT")" -lt 8 ] || [ "$(avail_gib "$SHM")" -lt 5 ]; then
+	echo "bench.sh: need 8 GiB free on $OUT (has $(avail_gib "$OUT")) and 5 GiB on $SHM (has $(avail_gib "$SHM"))" >&2
 	exit 2
+fi
+HAVE_GO=0
+command -v go >/dev/null 2>&1 && HAVE_GO=1
+if [ "$HAVE_GO" = 0 ] && { [ -z "${BENCH_EXTRACT:-}" ] || [ -z "${BENCH_BENCHTOOL:-}" ]; }; then
+	echo "bench.sh: no Go here: give prebuilt binaries in BENCH_EXTRACT and BENCH_BENCHTOOL" >&2
+	exit 2
+fi
+if [ "$HAVE_GO" = 0 ] && [ "$GO_BENCH" = 1 ]; then
+	echo "bench.sh: no Go here: skipping the \`go test -bench\` part (as --no-go-bench)" >&2
+	GO_BENCH=0
 fi
 
 start=$(date +%s)
@@ -81,7 +96,11 @@ if [ -n "${BENCH_EXTRACT:-}" ]; then
 else
 	go build -o "$BIN/extract" ./cmd/extract
 fi
-go build -o "$BIN/benchtool" ./scripts/benchtool
+if [ -n "${BENCH_BENCHTOOL:-}" ]; then
+	cp "$BENCH_BENCHTOOL" "$BIN/benchtool"
+else
+	go build -o "$BIN/benchtool" ./scripts/benchtool
+fi
 rm -f "$RESULTS"
 
 echo "== machine"
@@ -91,14 +110,25 @@ echo "== machine"
 	echo "- kernel: $(uname -r)"
 	echo "- output: $OUT on $(df -P "$OUT" | awk 'NR==2 {print $1}') ($(fstype "$OUT") $(findmnt -f -n -o OPTIONS -T "$OUT" 2>/dev/null), $(avail_gib "$OUT") GiB free)"
 	echo "- staging: $SHM ($(fstype "$SHM"), $(avail_gib "$SHM") GiB free)"
-	echo "- $(go version), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' + local changes')"
+	if [ -n "${BENCH_COMMIT:-}" ]; then
+		commit=$BENCH_COMMIT
+	elif git rev-parse --short HEAD >/dev/null 2>&1; then
+		commit="$(git rev-parse --short HEAD)$(git diff --quiet HEAD 2>/dev/null || echo ' + local changes')"
+	else
+		commit=unknown
+	fi
+	gov=prebuilt
+	[ "$HAVE_GO" = 1 ] && gov=$(go version)
+	echo "- load before: $(cut -d' ' -f1-3 /proc/loadavg) (1, 5, 15 min)"
+	echo "- binaries: ${BENCH_EXTRACT:-built here} (${gov}), commit $commit"
 } | tee "$OUT/machine.md"
 
 T() { "$BIN/benchtool" "$@" -out "$OUT" -shm "$SHM" -results "$RESULTS"; }
 X=(-extract "$BIN/extract")
 
-echo "== figure 1: mover vs cp + sync, 8 × 256 MiB"
+echo "== figure 1: mover vs cp + sync, 8 × 256 MiB (and on a tmpfs: its own CPU cost against cp)"
 T mover -rounds 3
+T mover -rounds 3 -tmpfs
 echo "== figure 2: 256 KiB dumps through validate, move, fsync, index"
 T small -n 2000
 T e2e "${X[@]}" -fig 2 -n 2000 -tokens-lo 32 -tokens-hi 32 -hidden 1024 -label "small dumps"
@@ -106,8 +136,8 @@ echo "== figure 3: simulator alone vs the whole job (and figure 5: status while 
 T e2e "${X[@]}" -n 32 -status-probes 10
 T e2e "${X[@]}" -n 32 -disk-fraction 0.5 -status-probes 10
 echo "== figure 4: time to the first request on --resume (and figure 5: status from the index)"
-T resume "${X[@]}" -done 37312 -status-runs 5
-T resume "${X[@]}" -done 1000000 -tokens-lo 32 -tokens-hi 32 -target 5s -status-runs 5
+T resume "${X[@]}" -done 37312 -target 300ms -status-runs 5
+T resume "${X[@]}" -done 1000000 -tokens-lo 32 -tokens-hi 32 -target 1s -status-runs 5
 echo "== figure 6: peak RSS while moving 8 × 256 MiB"
 T rss "${X[@]}"
 if [ "$SHARDS" = 1 ]; then
@@ -124,5 +154,5 @@ if [ "$GO_BENCH" = 1 ]; then
 fi
 
 echo
-echo "== results ($(($(date +%s) - start)) s; $RESULTS)"
+echo "== results ($(($(date +%s) - start)) s; $RESULTS; load after: $(cut -d' ' -f1-3 /proc/loadavg))"
 "$BIN/benchtool" report -results "$RESULTS" | tee "$OUT/table.md"

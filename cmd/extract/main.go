@@ -38,7 +38,9 @@ func main() {
 		stop()
 	}()
 	root := newRootCmd()
+	stopProfiles := startProfiles(os.Args)
 	err := root.ExecuteContext(ctx)
+	stopProfiles()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "extract:", err)
 	}

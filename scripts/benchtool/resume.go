@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -20,6 +21,7 @@ func cmdResume(args []string) error {
 	hi := fs.Int("tokens-hi", 4100, "most tokens in a sample (200–4100: the real job's mean of ~2,150)")
 	target := fs.Duration("target", time.Second, "target for the time to the first request")
 	statusRuns := fs.Int("status-runs", 0, "`extract status --json` runs from the index afterwards (figure 5)")
+	runs := fs.Int("runs", 3, "resumes measured after the first (the median counts)")
 	allFiles := fs.Bool("all-files", false, "create a sparse output file for every done sample, not just the 200 run's preflight stats")
 	fs.Parse(args)
 	if err := c.check(true); err != nil {
@@ -67,18 +69,52 @@ func cmdResume(args []string) error {
 		return err
 	}
 
-	job, err := runJob(c.extract, jobOpts{config: cfgPath, args: []string{"--resume"}, stateDir: cfg.StateDir, timeout: 4 * time.Minute})
+	// A resume follows an earlier start of the same job, which left the dataset's line
+	// index in state_dir. The first start here has none (the dataset was just written):
+	// it is today's cold path and writes the cache, which a dataset changed less than
+	// a second before its read may not (the racy check); a real job's dataset is older.
+	if wait := time.Until(st.ModTime().Add(1100 * time.Millisecond)); wait > 0 {
+		time.Sleep(wait)
+	}
+	ixPath := filepath.Join(cfg.StateDir, "index.db")
+	snap := ixPath + ".bench"
+	if err := copyFile(ixPath, snap); err != nil {
+		return err
+	}
+	defer os.Remove(snap)
+	cold, err := runJob(c.extract, jobOpts{config: cfgPath, args: []string{"--resume"}, stateDir: cfg.StateDir, timeout: 4 * time.Minute})
 	if err != nil {
 		return err
 	}
-	fmt.Printf("  first request %s after exec (since_start %s, server startup %s); %s", job.firstReq.Round(time.Millisecond), job.sinceStart, job.serverUp, job.stdout)
+	fmt.Printf("  no dataset cache: first request %s after exec (since_start %s, server startup %s); %s", cold.firstReq.Round(time.Millisecond), cold.sinceStart, cold.serverUp, cold.stdout)
+	// Each later start gets the index as it was (N done), and the cache the first left.
+	var firsts, owns []time.Duration
+	var last *jobRun
+	for range *runs {
+		if err := copyFile(snap, ixPath); err != nil {
+			return err
+		}
+		if err := run("sync"); err != nil {
+			return err
+		}
+		job, err := runJob(c.extract, jobOpts{config: cfgPath, args: []string{"--resume"}, stateDir: cfg.StateDir, timeout: 4 * time.Minute})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("  first request %s after exec (since_start %s, server startup %s); %s", job.firstReq.Round(time.Millisecond), job.sinceStart, job.serverUp, job.stdout)
+		firsts, owns, last = append(firsts, job.firstReq), append(owns, job.sinceStart-job.serverUp), job
+	}
+	first := median(firsts)
 	name := fmt.Sprintf("resume with %d done: exec → first request sent", *done)
-	if err := emit(c.results, result{Fig: "4", Name: name, Value: job.firstReq.Seconds(), Unit: "s",
-		Target: "< " + target.String(), Met: met(job.firstReq < *target), Note: note}); err != nil {
+	if err := emit(c.results, result{Fig: "4", Name: name, Value: first.Seconds(), Unit: "s",
+		Target: "< " + target.String(), Met: met(first < *target), Note: fmt.Sprintf("%s; median of %d, max %.3f s", note, len(firsts), maxDur(firsts).Seconds())}); err != nil {
 		return err
 	}
-	own := job.sinceStart - job.serverUp
-	if err := emit(c.results, result{Fig: "4", Name: fmt.Sprintf("  of which extract's own (since_start %s − server startup %s)", job.sinceStart.Round(time.Millisecond), job.serverUp.Round(time.Millisecond)), Value: own.Seconds(), Unit: "s"}); err != nil {
+	if err := emit(c.results, result{Fig: "4", Name: fmt.Sprintf("  of which extract's own (since_start − server startup %s)", last.serverUp.Round(time.Millisecond)), Value: median(owns).Seconds(), Unit: "s"}); err != nil {
+		return err
+	}
+	if err := emit(c.results, result{Fig: "4", Name: fmt.Sprintf("  the first start after the dataset was written (no dataset cache yet), %d done", *done), Value: cold.firstReq.Seconds(), Unit: "s",
+		Note: "reads and hashes the whole dataset; writes the cache"}); err != nil {
 		return err
 	}
 
@@ -100,4 +136,22 @@ func cmdResume(args []string) error {
 		}
 	}
 	return nil
+}
+
+// copyFile copies src over dst (the index snapshot that each measured resume starts from).
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
