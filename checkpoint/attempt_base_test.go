@@ -4,6 +4,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 )
@@ -139,5 +140,47 @@ func TestAV1IndexWithoutAttemptBaseOpensAndReadsAsBaseZero(t *testing.T) {
 			}
 		}
 		_ = ix.Close()
+	}
+}
+
+func TestRecordAttemptRefusesANumberThatWouldReuseARid(t *testing.T) {
+	ix := newIndex(t, 4)
+	if err := ix.RecordAttempt(1, 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []int{0, 1} {
+		if err := ix.RecordAttempt(1, a); err == nil {
+			t.Errorf("RecordAttempt(1, %d) after attempt 1 was accepted", a)
+		}
+	}
+	if err := ix.RecordAttempt(1, 3); err != nil {
+		t.Errorf("a gap in attempt numbers is fine: %v", err)
+	}
+	if r, _, _ := ix.Get(1); r.Attempt != 3 || r.State != StateInflight {
+		t.Errorf("record = attempt %d %s, want 3 inflight", r.Attempt, r.State)
+	}
+}
+
+// Senders record their attempts concurrently, through the group commit: every one lands.
+func TestConcurrentRecordAttemptsAllLand(t *testing.T) {
+	const n = 200
+	ix := newIndex(t, n)
+	var wg sync.WaitGroup
+	for s := range n {
+		wg.Go(func() {
+			if err := ix.RecordAttempt(s, 1); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	p, err := ix.Load(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for s := range n {
+		if p.Attempt[s] != 1 || p.State[s] != StateInflight {
+			t.Fatalf("sample %d: attempt %d %s", s, p.Attempt[s], p.State[s])
+		}
 	}
 }

@@ -37,8 +37,8 @@
 //	                 optional, absent reads as 0. All five are written in the same txn
 //	                 as the records they sum, so they never drift
 //
-// A sample with no record is pending with attempt 0. BeginAttempts gives a sample the
-// attempt max(record's attempt, attempt_base)+1, and Reset (--fresh, or a new dataset
+// A sample with no record is pending with attempt 0. RecordAttempt accepts only an
+// attempt above max(record's attempt, attempt_base) (NextAttempt), and Reset (--fresh, or a new dataset
 // on an index without progress) raises attempt_base to the highest attempt recorded
 // before it drops the records: a rid s<sample>-a<attempt> is never used twice for the
 // life of an output dir.

@@ -75,10 +75,11 @@ type Index struct {
 }
 
 type commitReq struct {
-	r    Record
-	err  error
-	lead bool
-	done chan struct{}
+	// apply writes the caller's change into the shared txn.
+	apply func(tx *bolt.Tx) error
+	err   error
+	lead  bool
+	done  chan struct{}
 }
 
 // Open opens or, unless read-only, creates the index at path.
@@ -606,68 +607,70 @@ func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
 	return nil
 }
 
-// BeginAttempts starts a new attempt of each sample in one txn and returns the new
-// attempt numbers: one above both the sample's last attempt and the attempt base. The
-// caller sends requests only after it returns, so a rid is never reused, even across a
-// crash or a Reset.
-func (ix *Index) BeginAttempts(samples []int) ([]int, error) {
-	if len(samples) == 0 {
-		return nil, nil
-	}
-	attempts := make([]int, len(samples))
-	err := ix.update(func(tx *bolt.Tx) error {
-		total, err := jobTotal(tx)
-		if err != nil {
-			return err
-		}
-		base, err := attemptBase(tx)
-		if err != nil {
-			return err
-		}
-		seen := make(map[int]bool, len(samples))
-		now := time.Now()
-		for i, s := range samples {
-			if s < 0 || s >= total {
-				return fmt.Errorf("sample %d: out of range 0..%d", s, total-1)
-			}
-			if seen[s] {
-				return fmt.Errorf("sample %d: listed twice in one batch", s)
-			}
-			seen[s] = true
-			old, _, err := getRecord(tx, s)
-			if err != nil {
-				return err
-			}
-			if old.State == StateDone {
-				return fmt.Errorf("sample %d: already done (attempt %d, rid %s); refusing a new attempt", s, old.Attempt, old.RID)
-			}
-			if max(old.Attempt, base) >= math.MaxUint32 {
-				return fmt.Errorf("sample %d: attempt %d is the last a record holds", s, max(old.Attempt, base))
-			}
-			r := old
-			r.State = StateInflight
-			r.Attempt = max(old.Attempt, base) + 1
-			r.Updated = now
-			if err := put(tx, old, r); err != nil {
-				return err
-			}
-			attempts[i] = r.Attempt
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return attempts, nil
-}
-
 // CommitDone marks r.Sample done and returns once that is durable. Concurrent callers
 // share one txn and its fsyncs (group commit: whoever arrives while a txn commits goes
 // into the next one, with no added delay). A replay of a sample already done replaces
 // its record without counting it again. The attempt never goes backwards, so a later
 // retry after verify --repair still gets a fresh rid.
 func (ix *Index) CommitDone(r Record) error {
-	req := &commitReq{r: r, done: make(chan struct{})}
+	return ix.groupCommit(func(tx *bolt.Tx) error { return commitDone(tx, r) })
+}
+
+// RecordAttempt makes attempt the current attempt of sample, durably, before its request
+// leaves: the caller (a sender, not the coordinator) waits for the fsync while others
+// share it, as CommitDone's callers do. An attempt number not above every attempt the
+// sample had (or the index's attempt base) is refused, so a rid is never reused; the
+// caller picks the number (NextAttempt) without a transaction of its own.
+func (ix *Index) RecordAttempt(sample, attempt int) error {
+	return ix.groupCommit(func(tx *bolt.Tx) error { return recordAttempt(tx, sample, attempt, time.Now()) })
+}
+
+// AttemptBase is the attempt every new attempt must exceed (the highest attempt before
+// the last Reset); with a sample's recorded attempt it gives NextAttempt.
+func (ix *Index) AttemptBase() (int, error) {
+	var base int
+	err := ix.view(func(tx *bolt.Tx) error {
+		var err error
+		base, err = attemptBase(tx)
+		return err
+	})
+	return base, err
+}
+
+// NextAttempt is the attempt number after recorded, given the index's attempt base.
+func NextAttempt(recorded, base int) int { return max(recorded, base) + 1 }
+
+func recordAttempt(tx *bolt.Tx, s, attempt int, now time.Time) error {
+	total, err := jobTotal(tx)
+	if err != nil {
+		return err
+	}
+	if s < 0 || s >= total {
+		return fmt.Errorf("sample %d: out of range 0..%d", s, total-1)
+	}
+	base, err := attemptBase(tx)
+	if err != nil {
+		return err
+	}
+	old, _, err := getRecord(tx, s)
+	if err != nil {
+		return err
+	}
+	switch {
+	case old.State == StateDone:
+		return fmt.Errorf("sample %d: already done (attempt %d, rid %s); refusing a new attempt", s, old.Attempt, old.RID)
+	case attempt <= max(old.Attempt, base) || attempt > math.MaxUint32:
+		return fmt.Errorf("sample %d: attempt %d would reuse a rid (attempt %d recorded, base %d)", s, attempt, old.Attempt, base)
+	}
+	r := old
+	r.State, r.Attempt, r.Updated = StateInflight, attempt, now
+	return put(tx, old, r)
+}
+
+// groupCommit runs apply in a shared txn and returns once that is durable. Whoever
+// arrives while a txn commits goes into the next one, with no added delay.
+func (ix *Index) groupCommit(apply func(tx *bolt.Tx) error) error {
+	req := &commitReq{apply: apply, done: make(chan struct{})}
 	ix.commitMu.Lock()
 	ix.pending = append(ix.pending, req)
 	if ix.committing {
@@ -712,7 +715,7 @@ func (ix *Index) commitBatch(batch []*commitReq, self *commitReq) {
 	err := guard(ix.path, func() error {
 		return ix.db.Update(func(tx *bolt.Tx) error {
 			for _, c := range batch {
-				if err := commitDone(tx, c.r); err != nil {
+				if err := c.apply(tx); err != nil {
 					return err
 				}
 			}
@@ -723,7 +726,7 @@ func (ix *Index) commitBatch(batch []*commitReq, self *commitReq) {
 		c.err = err
 		if err != nil && len(batch) > 1 {
 			c.err = guard(ix.path, func() error {
-				return ix.db.Update(func(tx *bolt.Tx) error { return commitDone(tx, c.r) })
+				return ix.db.Update(c.apply)
 			})
 		}
 		if c != self {

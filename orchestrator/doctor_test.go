@@ -394,7 +394,7 @@ func TestDoctorCountsStagingLeftoversToAdoptAndToDiscard(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Samples 1 and 2 were in flight (attempt 1) when the last run died.
-	if _, err := ix.BeginAttempts([]int{1, 2}); err != nil {
+	if _, err := beginAttempts(ix, []int{1, 2}); err != nil {
 		t.Fatal(err)
 	}
 	ix.Close()

@@ -58,6 +58,8 @@ type job struct {
 	sentAny   bool
 	started   time.Time
 	indexIno  uint64
+	// attemptBase is the index's attempt base: every new attempt is above it.
+	attemptBase int
 
 	workers    workers
 	dumps      chan shm.Dump
@@ -158,25 +160,30 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 	if err != nil {
 		return nil, fmt.Errorf("stat index: %w", err)
 	}
+	base, err := ix.AttemptBase()
+	if err != nil {
+		return nil, err
+	}
 	j := &job{
 		cfg: cfg, opt: opt, log: opt.Log, ds: ds, ix: ix, lock: lock,
-		mover:      &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
-		ledger:     newLedger(prog, c),
-		admission:  admission{failures: map[int]int{}},
-		inflight:   map[int]*flight{},
-		moving:     map[string]bool{},
-		rejected:   map[string]int64{},
-		restarts:   restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
-		metrics:    newMetrics(),
-		dumps:      make(chan shm.Dump, 64),
-		sent:       make(chan sendResult, cfg.Run.MaxInflight),
-		moved:      make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
-		moveJobs:   make(chan moveJob),
-		moversDone: make(chan struct{}),
-		health:     make(chan error, 1),
-		quarantine: newQuarantine(cfg.ShmDir, cfg.StateDir, opt.Log),
-		started:    started,
-		indexIno:   st.Sys().(*syscall.Stat_t).Ino,
+		mover:       &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
+		ledger:      newLedger(prog, c),
+		admission:   admission{failures: map[int]int{}},
+		inflight:    map[int]*flight{},
+		moving:      map[string]bool{},
+		rejected:    map[string]int64{},
+		restarts:    restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
+		metrics:     newMetrics(),
+		dumps:       make(chan shm.Dump, 64),
+		sent:        make(chan sendResult, cfg.Run.MaxInflight),
+		moved:       make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
+		moveJobs:    make(chan moveJob),
+		moversDone:  make(chan struct{}),
+		health:      make(chan error, 1),
+		quarantine:  newQuarantine(cfg.ShmDir, cfg.StateDir, opt.Log),
+		started:     started,
+		indexIno:    st.Sys().(*syscall.Stat_t).Ino,
+		attemptBase: base,
 	}
 	// A shard admits only its own range; the ledger counts it as the shard's total.
 	span := spanOf(cfg, ds.Len())
@@ -475,21 +482,19 @@ func (j *job) admit() error {
 	if len(batch) == 0 {
 		return nil
 	}
-	// The attempt is durable before the request leaves, so a dump can always be matched
-	// to the attempt the index knows, whatever crashes when.
-	attempts, err := j.ix.BeginAttempts(batch)
-	if err != nil {
-		return fmt.Errorf("record attempts: %w", err)
-	}
 	if !j.sentAny {
 		j.sentAny = true
 		j.log.Info("first request sent", "sample", batch[0], "since_start", time.Since(j.started).Round(time.Millisecond))
 	}
-	for i, s := range batch {
-		rid := shm.RID{Sample: s, Attempt: attempts[i]}
-		j.ledger.attempt[s] = uint32(attempts[i])
+	for _, s := range batch {
+		// The number is picked here; the sender records it durably before the request
+		// leaves (send), sharing fsyncs with the other senders and the movers. A run
+		// killed in between never sent that rid, so the next run may pick it again.
+		attempt := checkpoint.NextAttempt(int(j.ledger.attempt[s]), j.attemptBase)
+		rid := shm.RID{Sample: s, Attempt: attempt}
+		j.ledger.attempt[s] = uint32(attempt)
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
-		j.inflight[s] = &flight{sample: s, attempt: attempts[i], rid: rid.String(), expected: j.expectedBytes(s)}
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), expected: j.expectedBytes(s)}
 		j.workers.start("sender", func(ctx context.Context) error {
 			j.send(ctx, s, rid)
 			return nil
@@ -511,7 +516,16 @@ func (j *job) setPausedMetrics() {
 }
 
 func (j *job) send(ctx context.Context, sample int, rid shm.RID) {
-	s, err := j.ds.Sample(sample)
+	// The attempt is durable before the request leaves, so a dump can always be matched
+	// to the attempt the index knows, whatever crashes when.
+	err := j.ix.RecordAttempt(sample, rid.Attempt)
+	if err != nil {
+		err = &indexError{fmt.Errorf("record attempt %s: %w", rid, err)}
+	}
+	var s Sample
+	if err == nil {
+		s, err = j.ds.Sample(sample)
+	}
 	if err == nil {
 		_, err = j.client.Generate(ctx, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
 	}
@@ -524,6 +538,9 @@ func (j *job) send(ctx context.Context, sample int, rid shm.RID) {
 func (j *job) onSent(r sendResult) error {
 	if errors.Is(r.err, ErrBadDataset) {
 		return r.err // the dataset changed under the run: nothing more it says can be trusted
+	}
+	if _, ok := errors.AsType[*indexError](r.err); ok {
+		return r.err // the index cannot record attempts: nothing can be sent safely
 	}
 	f := j.inflight[r.sample]
 	if f == nil || f.attempt != r.attempt || f.moving {

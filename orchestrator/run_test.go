@@ -50,7 +50,7 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 			if err := prepareIndex(ix, first, cfg, RunOptions{Log: quiet}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := ix.BeginAttempts([]int{0}); err != nil {
+			if _, err := beginAttempts(ix, []int{0}); err != nil {
 				t.Fatal(err)
 			}
 			if tt.done {
@@ -119,4 +119,24 @@ func TestARunThatFindsTheIndexHeldIsATemporaryFailure(t *testing.T) {
 	if !errors.Is(err, ErrTemporary) || !errors.Is(err, checkpoint.ErrLocked) {
 		t.Fatalf("Run = %v; want ErrTemporary wrapping checkpoint.ErrLocked", err)
 	}
+}
+
+// beginAttempts starts the next attempt of each sample, as a run's senders do.
+func beginAttempts(ix *checkpoint.Index, samples []int) ([]int, error) {
+	base, err := ix.AttemptBase()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int, len(samples))
+	for i, s := range samples {
+		r, _, err := ix.Get(s)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = checkpoint.NextAttempt(r.Attempt, base)
+		if err := ix.RecordAttempt(s, out[i]); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }

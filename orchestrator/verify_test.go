@@ -141,7 +141,7 @@ func TestRebuildTakesAnAttemptBaseAboveEveryAttemptTheFilesStagingAndQuarantineS
 	}
 	defer ix.Close()
 	// Sample 2 had no file: its next attempt must not repeat the a7 still in staging.
-	attempts, err := ix.BeginAttempts([]int{2})
+	attempts, err := beginAttempts(ix, []int{2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 )
 
@@ -46,9 +47,55 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 	return SyncDir(dir)
 }
 
-// SyncDir fsyncs a directory so that entries created, renamed or removed in it survive a
-// crash. Filesystems that cannot sync a directory (EINVAL, ENOTSUP) are taken at their word.
+// SyncDir fsyncs a directory so that entries created, renamed or removed in it before
+// the call survive a crash. Concurrent callers on one directory share fsyncs: a caller
+// waits for an fsync that started after it arrived (one already running may have missed
+// its entry), and every caller waiting then is covered by it. Movers renaming into one
+// rows_ folder thus pay one directory fsync per group, not one each. Filesystems that
+// cannot sync a directory (EINVAL, ENOTSUP) are taken at their word.
 func SyncDir(dir string) error {
+	g, _ := dirGroups.LoadOrStore(filepath.Clean(dir), &dirGroup{})
+	return g.(*dirGroup).sync(dir)
+}
+
+var dirGroups sync.Map // cleaned dir → *dirGroup
+
+// dirGroup numbers the fsyncs of one directory: started counts those begun, done the
+// number of the last finished (they finish in order, one at a time).
+type dirGroup struct {
+	mu      sync.Mutex
+	cond    *sync.Cond
+	running bool
+	started uint64
+	done    uint64
+	err     error // of fsync number done
+}
+
+func (g *dirGroup) sync(dir string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.cond == nil {
+		g.cond = sync.NewCond(&g.mu)
+	}
+	need := g.started + 1 // the first fsync that can start from now on
+	for g.done < need {
+		if g.running {
+			g.cond.Wait()
+			continue
+		}
+		g.running = true
+		g.started++
+		n := g.started
+		g.mu.Unlock()
+		err := syncDirOnce(dir)
+		g.mu.Lock()
+		g.running, g.done, g.err = false, n, err
+		g.cond.Broadcast()
+	}
+	return g.err
+}
+
+func syncDirOnce(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open directory %s: %w", dir, err)

@@ -1,9 +1,11 @@
 package atomicfile
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -37,5 +39,29 @@ func TestMkdirAllCreatesMissingParents(t *testing.T) {
 	}
 	if err := MkdirAll(dir, 0o755); err != nil {
 		t.Fatalf("second MkdirAll: %v", err)
+	}
+}
+
+// Many movers renaming into one folder share its fsyncs; each still gets an fsync that
+// began after its call (the power-cut test checks the durability itself).
+func TestConcurrentSyncDirCallersAllReturnAndShareFsyncs(t *testing.T) {
+	dir := t.TempDir()
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			if err := WriteFile(filepath.Join(dir, fmt.Sprintf("f%d", i)), []byte("x"), 0o644); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	g, _ := dirGroups.Load(filepath.Clean(dir))
+	n := g.(*dirGroup).done
+	t.Logf("64 writers, %d directory fsyncs", n)
+	if n == 0 || n > 64 {
+		t.Errorf("%d directory fsyncs for 64 writers", n)
+	}
+	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
+		t.Error("SyncDir of a missing dir succeeded")
 	}
 }
