@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -52,9 +51,7 @@ func runDoctor(ctx context.Context, cfg *configs.Config, opt doctorOptions, out 
 		return err
 	}
 	if opt.json {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(rep); err != nil {
+		if err := printJSON(out, rep); err != nil {
 			return err
 		}
 	} else {

@@ -1,10 +1,8 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
@@ -26,23 +24,14 @@ func newExportCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if isTerminal(os.Stderr) && !asJSON {
-				opt.Progress = func(seen, total int) {
-					fmt.Fprintf(os.Stderr, "\r\033[Kexport: %d / %d samples", seen, total)
-					if seen == total {
-						fmt.Fprintln(os.Stderr)
-					}
-				}
-			}
+			opt.Progress = terminalProgress("export", "samples", asJSON)
 			rep, err := orchestrator.Export(cmd.Context(), cfg, opt)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				if err := enc.Encode(rep); err != nil {
+				if err := printJSON(out, rep); err != nil {
 					return err
 				}
 			} else {

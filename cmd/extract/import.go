@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
 
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
@@ -28,23 +26,14 @@ func newImportCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if isTerminal(os.Stderr) && !asJSON {
-				opt.Progress = func(seen, total int) {
-					fmt.Fprintf(os.Stderr, "\r\033[Kimport: %d / %d files", seen, total)
-					if seen == total {
-						fmt.Fprintln(os.Stderr)
-					}
-				}
-			}
+			opt.Progress = terminalProgress("import", "files", asJSON)
 			rep, err := orchestrator.Import(cmd.Context(), cfg, opt)
 			if err != nil {
 				return err
 			}
 			out := cmd.OutOrStdout()
 			if asJSON {
-				enc := json.NewEncoder(out)
-				enc.SetIndent("", "  ")
-				return enc.Encode(rep)
+				return printJSON(out, rep)
 			}
 			for _, r := range rep.Rejected {
 				fmt.Fprintf(out, "left alone: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)

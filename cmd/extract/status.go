@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"strings"
@@ -47,9 +46,7 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 			return err
 		}
 		if asJSON {
-			enc := json.NewEncoder(out)
-			enc.SetIndent("", "  ")
-			if err := enc.Encode(st); err != nil {
+			if err := printJSON(out, st); err != nil {
 				return err
 			}
 		} else {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -23,9 +22,7 @@ func runStatusAll(cmd *cobra.Command, cf *configFlags, asJSON bool) error {
 	}
 	out := cmd.OutOrStdout()
 	if asJSON {
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		return enc.Encode(js)
+		return printJSON(out, js)
 	}
 	printStatusAll(out, js)
 	return nil
