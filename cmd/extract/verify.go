@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -66,9 +65,7 @@ func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions
 	out := cmd.OutOrStdout()
 	if asJSON {
 		rep := res.VerifyReport
-		enc := json.NewEncoder(out)
-		enc.SetIndent("", "  ")
-		if jerr := enc.Encode(verifyJSON{
+		if jerr := printJSON(out, verifyJSON{
 			Checked: rep.Checked, OK: rep.OK, Missing: rep.Missing, Corrupt: rep.Corrupt,
 			Orphans: rep.Orphans, TempFiles: rep.TempFiles, Repaired: rep.Repaired,
 			Problems: append([]string{}, rep.Problems...), Mismatch: res.Mismatch, Rebuild: res.Rebuild,
