@@ -44,11 +44,14 @@ type Config struct {
 
 // Server describes the SGLang server (or the simulator standing in for it).
 type Server struct {
-	Kind           string            `mapstructure:"kind"` // sglang | transformers | simulator
-	Host           string            `mapstructure:"host"`
-	Port           int               `mapstructure:"port"`
-	ModelPath      string            `mapstructure:"model_path"`
-	TPSize         int               `mapstructure:"tp_size"`
+	Kind      string `mapstructure:"kind"` // sglang | transformers | simulator
+	Host      string `mapstructure:"host"`
+	Port      int    `mapstructure:"port"`
+	ModelPath string `mapstructure:"model_path"`
+	TPSize    int    `mapstructure:"tp_size"`
+	// Replicas is how many servers of tp_size GPUs each the job runs on this node; replica
+	// r takes GPUs gpus[r*tp_size:(r+1)*tp_size] and port port+r.
+	Replicas       int               `mapstructure:"replicas"`
 	GPUs           []int             `mapstructure:"gpus"`
 	MemFraction    float64           `mapstructure:"mem_fraction"`
 	ExtraArgs      []string          `mapstructure:"extra_args"`
@@ -93,7 +96,8 @@ type Simulator struct {
 	Fail503Every    int           `mapstructure:"fail_503_every"`
 	CorruptEvery    int           `mapstructure:"corrupt_every"`
 	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
-	// RequestLog is a file the simulator appends the rid of every request to (tests).
+	// RequestLog is a file the simulator appends "rid port" of every request to (tests);
+	// replicas share it (O_APPEND, one write a line).
 	RequestLog string `mapstructure:"request_log"`
 }
 
@@ -153,6 +157,7 @@ func Default() Config {
 			Host:           "127.0.0.1",
 			Port:           30000,
 			TPSize:         1,
+			Replicas:       1,
 			Python:         "python3",
 			NumLayers:      61,
 			HiddenSize:     7168,
@@ -378,6 +383,7 @@ const (
 	maxHiddenSize = 1 << 20
 	maxNumLayers  = 4096
 	maxTPSize     = 1024
+	maxReplicas   = 1024
 	maxInflight   = 1 << 16
 	maxMovers     = 1024
 	maxAttempts   = 1000
@@ -414,15 +420,9 @@ func (c *Config) Validate() error {
 		if c.Server.ModelPath == "" {
 			bad("server.model_path", "required when server.kind is sglang")
 		}
-		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
-			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
-		}
 	case "transformers":
 		if c.Server.ModelPath == "" {
 			bad("server.model_path", "required when server.kind is transformers (a local model folder)")
-		}
-		if len(c.Server.GPUs) > 0 && len(c.Server.GPUs) != c.Server.TPSize {
-			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", len(c.Server.GPUs), c.Server.TPSize)
 		}
 		for _, l := range c.Server.Layers {
 			// Layer k is captured at the input of decoder layer k (hidden_states[k]); HF's
@@ -434,6 +434,15 @@ func (c *Config) Validate() error {
 	case "simulator":
 	default:
 		bad("server.kind", "must be sglang, transformers or simulator, got %q", c.Server.Kind)
+	}
+	// Every listed GPU is used, by exactly one replica: a GPU listed and left idle is more
+	// likely a typo in replicas or tp_size than a wish.
+	if n := len(c.Server.GPUs); n > 0 && c.Server.Kind != "simulator" && n != c.Server.Replicas*c.Server.TPSize {
+		if c.Server.Replicas == 1 {
+			bad("server.gpus", "lists %d GPUs but server.tp_size is %d", n, c.Server.TPSize)
+		} else {
+			bad("server.gpus", "lists %d GPUs but server.replicas %d × server.tp_size %d needs %d", n, c.Server.Replicas, c.Server.TPSize, c.Server.Replicas*c.Server.TPSize)
+		}
 	}
 	tf := c.Server.Transformers
 	intIn("server.transformers.max_batch_tokens", tf.MaxBatchTokens, 1, 1<<24)
@@ -464,6 +473,10 @@ func (c *Config) Validate() error {
 		bad("server.port", "must be 1..65535, got %d", c.Server.Port)
 	}
 	intIn("server.tp_size", c.Server.TPSize, 1, maxTPSize)
+	intIn("server.replicas", c.Server.Replicas, 1, maxReplicas)
+	if last := c.Server.Port + c.Server.Replicas - 1; c.Server.Replicas > 1 && c.Server.Port >= 1 && last > 65535 {
+		bad("server.port", "replica %d would listen on port %d (server.port %d + replica): lower server.port", c.Server.Replicas-1, last, c.Server.Port)
+	}
 	seen := map[int]bool{}
 	for _, g := range c.Server.GPUs {
 		if g < 0 || seen[g] {
@@ -653,17 +666,71 @@ func (c *Config) HiddenSize() int {
 	return c.Server.HiddenSize
 }
 
-// GPUIndices are the NVML indices the server will use: server.gpus, else the first
-// tp_size GPUs, which is what SGLang takes without CUDA_VISIBLE_DEVICES.
+// GPUIndices are the NVML indices the servers will use, every replica's: server.gpus,
+// else the first replicas·tp_size GPUs, which is what SGLang takes without
+// CUDA_VISIBLE_DEVICES.
 func (c *Config) GPUIndices() []int {
 	if len(c.Server.GPUs) > 0 {
 		return c.Server.GPUs
 	}
-	out := make([]int, c.Server.TPSize)
+	out := make([]int, c.replicas()*c.Server.TPSize)
 	for i := range out {
 		out[i] = i
 	}
 	return out
+}
+
+func (c *Config) replicas() int { return max(c.Server.Replicas, 1) }
+
+// ReplicaGPUs are replica r's GPUs: GPUIndices()[r*tp_size:(r+1)*tp_size].
+func (c *Config) ReplicaGPUs(r int) []int {
+	all := c.GPUIndices()
+	lo, hi := r*c.Server.TPSize, (r+1)*c.Server.TPSize
+	if hi > len(all) {
+		return nil
+	}
+	return all[lo:hi]
+}
+
+// ReplicaPort is the port replica r listens on: server.port + r.
+func (c *Config) ReplicaPort(r int) int { return c.Server.Port + r }
+
+// StagingDir is where replica r's server dumps: shm_dir itself for a single server (the
+// layout of a job without replicas), shm_dir/r<r> when there are several, so a replica's
+// restart discards only its own partial dumps and its hook marker sits alone.
+func (c *Config) StagingDir(r int) string {
+	if c.replicas() == 1 {
+		return c.ShmDir
+	}
+	return filepath.Join(c.ShmDir, fmt.Sprintf("r%d", r))
+}
+
+// StagingDirs are the dirs where dumps of this job can be: shm_dir and every existing
+// shm_dir/r<k>, whatever server.replicas is now, so leftovers of a run with another
+// number of replicas are still found (and adopted). Replicas' dirs that do not exist yet
+// are listed too.
+func (c *Config) StagingDirs() []string {
+	dirs := []string{c.ShmDir}
+	seen := map[string]bool{c.ShmDir: true}
+	add := func(d string) {
+		if !seen[d] {
+			seen[d] = true
+			dirs = append(dirs, d)
+		}
+	}
+	for r := range c.replicas() {
+		add(c.StagingDir(r))
+	}
+	entries, _ := os.ReadDir(c.ShmDir)
+	for _, e := range entries {
+		var k int
+		if e.IsDir() && e.Type()&os.ModeSymlink == 0 {
+			if _, err := fmt.Sscanf(e.Name(), "r%d", &k); err == nil && e.Name() == fmt.Sprintf("r%d", k) {
+				add(filepath.Join(c.ShmDir, e.Name()))
+			}
+		}
+	}
+	return dirs
 }
 
 // BytesPerToken is the size of one token's row in a dump: 3 captured layers and the

@@ -25,18 +25,18 @@ import (
 // job is one run. Its fields are owned by the coordinator goroutine (loop); senders,
 // movers, the watcher and the probes talk to it only through channels. Each concern
 // keeps its state in its own value: admission (what to send), ledger (where every
-// sample stands), route (what to do with a dump), restartBudget (when to give up on
-// the server).
+// sample stands), route (what to do with a dump), replica (one server each, with its
+// restart budget).
 type job struct {
-	cfg    *configs.Config
-	opt    RunOptions
-	log    *slog.Logger
-	ds     *Dataset
-	ix     *checkpoint.Index
-	lock   *Lock
-	mover  *checkpoint.Mover
-	mgr    *sglang.Manager
-	client *sglang.Client
+	cfg   *configs.Config
+	opt   RunOptions
+	log   *slog.Logger
+	ds    *Dataset
+	ix    *checkpoint.Index
+	lock  *Lock
+	mover *checkpoint.Mover
+	// replicas are the job's servers (server.replicas), fed by the one admission loop.
+	replicas []*replica
 
 	ledger    ledger
 	admission admission
@@ -49,15 +49,12 @@ type job struct {
 	storeFailing string
 	storeErrors  int // consecutive failures to store a dump
 
-	rejected  map[string]int64
-	adopted   int64 // leftover dumps of a crashed run moved instead of recomputed
-	server    ServerStatus
-	restarts  restartBudget
-	unhealthy int // consecutive failed health probes
-	draining  bool
-	sentAny   bool
-	started   time.Time
-	indexIno  uint64
+	rejected map[string]int64
+	adopted  int64 // leftover dumps of a crashed run moved instead of recomputed
+	draining bool
+	sentAny  bool
+	started  time.Time
+	indexIno uint64
 	// attemptBase is the index's attempt base: every new attempt is above it.
 	attemptBase int
 
@@ -68,20 +65,26 @@ type job struct {
 	moveJobs   chan moveJob
 	movers     atomic.Int32  // movers still running
 	moversDone chan struct{} // closed by the last mover to exit
-	health     chan error
+	health     chan healthResult
+	exits      chan serverExit
+	ups        chan upResult // restarts that bringUp finished
 	quarantine *quarantine
 
-	rates   rateTracker
-	watcher *shm.Watcher
-	gpus    atomic.Pointer[[]GPUStatus] // written by sampleGPUs
-	metrics *metrics
-	status  *statusServer
+	rates rateTracker
+	// watchers watch every staging dir: each replica's, and those of earlier runs with
+	// another number of replicas.
+	watchers []*shm.Watcher
+	gpus     atomic.Pointer[[]GPUStatus] // written by sampleGPUs
+	metrics  *metrics
+	status   *statusServer
 }
 
 type flight struct {
 	sample   int
 	attempt  int
 	rid      string
+	replica  int   // the replica it was sent to; -1 for a leftover dump adopted
+	tokens   int64 // its load on the replica until the dump arrives
 	expected int64 // dump bytes we expect, reserved against the budgets
 	answered time.Time
 	moving   bool
@@ -172,15 +175,16 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		inflight:    map[int]*flight{},
 		moving:      map[string]bool{},
 		rejected:    map[string]int64{},
-		restarts:    restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
 		metrics:     newMetrics(),
 		dumps:       make(chan shm.Dump, 64),
 		sent:        make(chan sendResult, cfg.Run.MaxInflight),
 		moved:       make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
 		moveJobs:    make(chan moveJob),
 		moversDone:  make(chan struct{}),
-		health:      make(chan error, 1),
-		quarantine:  newQuarantine(cfg.ShmDir, cfg.StateDir, opt.Log),
+		health:      make(chan healthResult, cfg.Server.Replicas),
+		exits:       make(chan serverExit),
+		ups:         make(chan upResult),
+		quarantine:  newQuarantine(cfg.StagingDirs(), cfg.StateDir, opt.Log),
 		started:     started,
 		indexIno:    st.Sys().(*syscall.Stat_t).Ino,
 		attemptBase: base,
@@ -193,9 +197,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 			j.admission.queue = append(j.admission.queue, i)
 		}
 	}
-	spec := launchSpec(cfg, opt.Executable)
-	j.mgr = &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: j.log}
-	j.client = sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, Logger: j.log})
+	j.replicas = newReplicas(cfg, opt.Executable, j.log)
 	return j, nil
 }
 
@@ -230,7 +232,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	if j.ledger.c.Done == j.ledger.size() {
 		j.log.Info("job already complete", "samples", j.ledger.c.Done, "output_dir", j.cfg.OutputDir)
-		j.stopServer(ctx)
+		j.stopServers(ctx)
 		res.Outcome, res.Done, res.Bytes = AlreadyComplete, j.ledger.c.Done, j.ledger.c.BytesWritten
 		return res, nil
 	}
@@ -252,16 +254,24 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 
-	// Watch before anything can write a dump, then list what is already there.
-	w, err := shm.NewWatcher(j.cfg.ShmDir, j.log)
-	if err != nil {
-		return res, err
-	}
-	defer w.Close()
-	j.watcher = w
-	leftovers, err := w.Scan()
-	if err != nil {
-		return res, fmt.Errorf("%w: %v", ErrTemporary, err)
+	// Watch before anything can write a dump, then list what is already there: in every
+	// staging dir, so leftovers of a run with another number of replicas are adopted too.
+	var leftovers []shm.Dump
+	for _, dir := range j.cfg.StagingDirs() {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return res, fmt.Errorf("create staging dir %s: %w", dir, err)
+		}
+		w, err := shm.NewWatcher(dir, j.log)
+		if err != nil {
+			return res, err
+		}
+		defer w.Close()
+		j.watchers = append(j.watchers, w)
+		found, err := w.Scan()
+		if err != nil {
+			return res, fmt.Errorf("%w: %v", ErrTemporary, err)
+		}
+		leftovers = append(leftovers, found...)
 	}
 
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -278,15 +288,17 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	}
 	j.quarantine.queueHeld()
 	j.workers.start("quarantine", j.quarantine.run)
-	j.workers.start("staging watcher", func(ctx context.Context) error { return w.Run(ctx, j.dumps) })
+	for _, w := range j.watchers {
+		j.workers.start("staging watcher", func(ctx context.Context) error { return w.Run(ctx, j.dumps) })
+	}
 
-	j.server.State = "starting"
-	j.publish()
-	if err := j.startServer(ctx, false); err != nil {
+	if err := j.startServers(ctx); err != nil {
 		return res, err
 	}
 
-	j.workers.start("health probe", func(ctx context.Context) error { return j.probeHealth(ctx) })
+	for _, rep := range j.replicas {
+		j.workers.start(fmt.Sprintf("replica %d health probe", rep.n), func(ctx context.Context) error { return j.probeHealth(ctx, rep) })
+	}
 	if j.cfg.Server.Kind == sglang.KindSGLang {
 		j.workers.start("gpu sampler", func(ctx context.Context) error {
 			sampleGPUs(ctx, sglang.NewGPUInspector(nil), j.cfg.GPUIndices(), 10*time.Second, &j.gpus, j.log)
@@ -304,14 +316,14 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	res.Done, res.Failed, res.Bytes = c.Done, c.Failed, c.BytesWritten
 	switch {
 	case errors.Is(loopErr, errStateLost):
-		// Nobody could stop the server after us: server.json may be gone with the dir.
-		j.stopServer(ctx)
+		// Nobody could stop the servers after us: their records may be gone with the dir.
+		j.stopServers(ctx)
 		return res, loopErr
 	case errors.Is(loopErr, ErrTemporary):
-		// The server is gone or unhealthy; nothing of ours to keep alive.
+		// A server is gone or unhealthy: the others are left for the next run to adopt.
 		return res, loopErr
 	}
-	j.stopServer(ctx)
+	j.stopServers(ctx)
 	if loopErr != nil {
 		return res, loopErr
 	}
@@ -334,15 +346,6 @@ func (j *job) loop(ctx context.Context) error {
 	var drainUntil time.Time
 	lastLog := time.Now()
 	stop := ctx.Done()
-	// exited is watched once per server: a dead server's channel stays closed, so it is
-	// dropped until a new server is up.
-	exited := j.mgr.Exited()
-	refreshExited := func() {
-		exited = nil
-		if j.server.State == "ready" {
-			exited = j.mgr.Exited()
-		}
-	}
 	for {
 		if j.draining && (len(j.inflight) == 0 || time.Now().After(drainUntil)) {
 			return nil
@@ -380,17 +383,18 @@ func (j *job) loop(ctx context.Context) error {
 			if err := j.onMoved(r); err != nil {
 				return err
 			}
-		case <-exited:
-			exited = nil
-			if err := j.onServerExit(ctx); err != nil {
+		case e := <-j.exits:
+			if err := j.onServerExit(e); err != nil {
 				return err
 			}
-			refreshExited()
-		case err := <-j.health:
-			if err := j.onHealth(ctx, err); err != nil {
+		case h := <-j.health:
+			if err := j.onHealth(ctx, h); err != nil {
 				return err
 			}
-			refreshExited()
+		case up := <-j.ups:
+			if err := j.onUp(up); err != nil {
+				return err
+			}
 		case <-ticker.C:
 			if why := j.stateLost(); why != "" {
 				return fmt.Errorf("%w: %w: %s; stopping the server this run started", ErrTemporary, errStateLost, why)
@@ -406,8 +410,10 @@ func (j *job) loop(ctx context.Context) error {
 				lastLog = time.Now()
 				j.logProgress()
 				j.writeProgress()
-				if err := j.mgr.TrimLog(int64(j.cfg.Server.LogMaxSize)); err != nil {
-					j.log.Warn("trim server log", "err", err)
+				for _, rep := range j.replicas {
+					if err := rep.mgr.TrimLog(int64(j.cfg.Server.LogMaxSize)); err != nil {
+						j.log.Warn("trim server log", "replica", rep.n, "err", err)
+					}
 				}
 			}
 		}
@@ -440,7 +446,7 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 }
 
 // pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
-var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps"}
+var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready"}
 
 // admit sends samples while the window and the budgets allow (invariant 5).
 func (j *job) admit() error {
@@ -463,11 +469,19 @@ func (j *job) admit() error {
 		_, busy := j.inflight[s]
 		return busy || j.ledger.done(s)
 	}
+	// Each sample goes to the ready replica with the fewest tokens in flight.
+	load := j.replicaLoad()
 	var batch []int
+	var to []*replica
 	now := time.Now()
 	for len(j.inflight)+len(batch) < j.cfg.Run.MaxInflight {
 		s, fromRetry := a.next(now, skip)
 		if s < 0 {
+			break
+		}
+		target := leastLoaded(j.replicas, load)
+		if target == nil {
+			a.paused = append(a.paused, "no server ready: every replica is restarting")
 			break
 		}
 		want := j.expectedBytes(s)
@@ -477,6 +491,8 @@ func (j *job) admit() error {
 		}
 		a.take(fromRetry)
 		batch = append(batch, s)
+		to = append(to, target)
+		load[target.n] += int64(j.ds.Tokens(s))
 		reserved += want
 	}
 	if len(batch) == 0 {
@@ -486,7 +502,7 @@ func (j *job) admit() error {
 		j.sentAny = true
 		j.log.Info("first request sent", "sample", batch[0], "since_start", time.Since(j.started).Round(time.Millisecond))
 	}
-	for _, s := range batch {
+	for i, s := range batch {
 		// The number is picked here; the sender records it durably before the request
 		// leaves (send), sharing fsyncs with the other senders and the movers. A run
 		// killed in between never sent that rid, so the next run may pick it again.
@@ -494,9 +510,10 @@ func (j *job) admit() error {
 		rid := shm.RID{Sample: s, Attempt: attempt}
 		j.ledger.attempt[s] = uint32(attempt)
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
-		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), expected: j.expectedBytes(s)}
+		rep := to[i]
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s)}
 		j.workers.start("sender", func(ctx context.Context) error {
-			j.send(ctx, s, rid)
+			j.send(ctx, rep.client, s, rid)
 			return nil
 		})
 	}
@@ -515,7 +532,7 @@ func (j *job) setPausedMetrics() {
 	}
 }
 
-func (j *job) send(ctx context.Context, sample int, rid shm.RID) {
+func (j *job) send(ctx context.Context, client *sglang.Client, sample int, rid shm.RID) {
 	// The attempt is durable before the request leaves, so a dump can always be matched
 	// to the attempt the index knows, whatever crashes when.
 	err := j.ix.RecordAttempt(sample, rid.Attempt)
@@ -527,7 +544,7 @@ func (j *job) send(ctx context.Context, sample int, rid shm.RID) {
 		s, err = j.ds.Sample(sample)
 	}
 	if err == nil {
-		_, err = j.client.Generate(ctx, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
+		_, err = client.Generate(ctx, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
 	}
 	select {
 	case j.sent <- sendResult{sample: sample, attempt: rid.Attempt, err: err}:
@@ -586,7 +603,7 @@ func (j *job) onDump(d shm.Dump) {
 	f := j.inflight[s]
 	if f == nil {
 		// A complete dump of the current attempt left by a crashed run: adopt it (invariant 6).
-		f = &flight{sample: s, attempt: d.RID.Attempt, rid: d.RID.String(), expected: j.expectedBytes(s)}
+		f = &flight{sample: s, attempt: d.RID.Attempt, rid: d.RID.String(), replica: -1, expected: j.expectedBytes(s)}
 		j.inflight[s] = f
 		j.adopted++
 		j.log.Info("adopting leftover dump", "sample", s, "rid", f.rid)
@@ -707,9 +724,11 @@ func (j *job) onMoved(r moveResult) error {
 		}
 		delete(j.inflight, s)
 		j.metrics.moveSeconds.Observe(r.took.Seconds())
-		if r.moved.HookVersion != j.server.HookVersion {
-			j.log.Info("server dump hook", "hook_version", r.moved.HookVersion, "protocol", r.moved.Protocol, "layers", r.moved.Layers)
-			j.server.HookVersion = r.moved.HookVersion
+		if f != nil && f.replica >= 0 {
+			if rep := j.replicas[f.replica]; r.moved.HookVersion != rep.status.HookVersion {
+				j.log.Info("server dump hook", "replica", rep.n, "hook_version", r.moved.HookVersion, "protocol", r.moved.Protocol, "layers", r.moved.Layers)
+				rep.status.HookVersion = r.moved.HookVersion
+			}
 		}
 		return nil
 	case errors.Is(r.err, ErrBadDataset):

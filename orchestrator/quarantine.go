@@ -28,13 +28,14 @@ const heldPrefix = ".quarantine-"
 // (hold); the worker copies it into state_dir/quarantine, within quarantineMax, and
 // removes the held name, which extract itself wrote.
 type quarantine struct {
-	stagingDir, dir string
-	log             *slog.Logger
-	jobs            chan string
+	stagingDirs []string // every staging dir of the job (one per replica, and older ones)
+	dir         string
+	log         *slog.Logger
+	jobs        chan string
 }
 
-func newQuarantine(stagingDir, stateDir string, log *slog.Logger) *quarantine {
-	return &quarantine{stagingDir: stagingDir, dir: filepath.Join(stateDir, "quarantine"), log: log, jobs: make(chan string, 4096)}
+func newQuarantine(stagingDirs []string, stateDir string, log *slog.Logger) *quarantine {
+	return &quarantine{stagingDirs: stagingDirs, dir: filepath.Join(stateDir, "quarantine"), log: log, jobs: make(chan string, 4096)}
 }
 
 // hold renames the dump aside and queues it for the worker. A dump it cannot rename is
@@ -54,13 +55,15 @@ func (q *quarantine) hold(path string) {
 
 // queueHeld picks up dumps held by an earlier run that died before copying them.
 func (q *quarantine) queueHeld() {
-	entries, _ := os.ReadDir(q.stagingDir)
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), heldPrefix) && e.Type().IsRegular() {
-			if _, ok := shm.ParseDumpName(strings.TrimPrefix(e.Name(), heldPrefix)); ok {
-				select {
-				case q.jobs <- filepath.Join(q.stagingDir, e.Name()):
-				default:
+	for _, dir := range q.stagingDirs {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), heldPrefix) && e.Type().IsRegular() {
+				if _, ok := shm.ParseDumpName(strings.TrimPrefix(e.Name(), heldPrefix)); ok {
+					select {
+					case q.jobs <- filepath.Join(dir, e.Name()):
+					default:
+					}
 				}
 			}
 		}
@@ -135,7 +138,7 @@ func (q *quarantine) keep(held string, room int64) (int64, error) {
 		os.Remove(tmp)
 		return 0, fmt.Errorf("copy %s into quarantine: %w", held, err)
 	}
-	q.log.Warn("dump quarantined", "file", filepath.Join(q.stagingDir, name), "kept_as", filepath.Join(q.dir, name))
+	q.log.Warn("dump quarantined", "file", filepath.Join(filepath.Dir(held), name), "kept_as", filepath.Join(q.dir, name))
 	return st.Size(), nil
 }
 

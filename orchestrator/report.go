@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/shm"
 )
@@ -21,7 +22,12 @@ func (j *job) reject(reason string) {
 // countWatcherFindings reports what the watcher saw but never opened: names in the
 // staging dir that are not dumps, and dump names that are not regular files.
 func (j *job) countWatcherFindings() {
-	for reason, n := range map[string]int64{"foreign_name": j.watcher.Ignored(), "not_regular": j.watcher.NotRegular()} {
+	var ignored, notRegular int64
+	for _, w := range j.watchers {
+		ignored += w.Ignored()
+		notRegular += w.NotRegular()
+	}
+	for reason, n := range map[string]int64{"foreign_name": ignored, "not_regular": notRegular} {
 		if d := n - j.rejected[reason]; d > 0 {
 			j.rejected[reason] += d
 			j.metrics.rejected.WithLabelValues(reason).Add(float64(d))
@@ -35,14 +41,9 @@ func (j *job) measure() error {
 	if err != nil {
 		return err
 	}
-	u, err := shm.Measure(j.cfg.ShmDir)
+	u, err := measureStaging(j.cfg)
 	if err != nil {
-		if !os.IsNotExist(errors.Unwrap(err)) {
-			return err
-		}
-		if err := os.MkdirAll(j.cfg.ShmDir, 0o755); err != nil {
-			return fmt.Errorf("create staging dir %s: %w", j.cfg.ShmDir, err)
-		}
+		return err
 	}
 	budget := int64(j.cfg.ShmBudget)
 	if budget == 0 {
@@ -56,6 +57,32 @@ func (j *job) measure() error {
 	j.metrics.shmBytes.Set(float64(u.Bytes))
 	j.metrics.diskFree.Set(float64(fs.Free))
 	return nil
+}
+
+// measureStaging sums the usage of every staging dir (one per replica, and those of
+// earlier runs); the filesystem's figures are shm_dir's, where they all live. Missing
+// dirs are created: a fresh tmpfs after a reboot has none.
+func measureStaging(cfg *configs.Config) (shm.Usage, error) {
+	var total shm.Usage
+	for i, dir := range cfg.StagingDirs() {
+		u, err := shm.Measure(dir)
+		if err != nil {
+			if !os.IsNotExist(errors.Unwrap(err)) {
+				return total, err
+			}
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return total, fmt.Errorf("create staging dir %s: %w", dir, err)
+			}
+			continue
+		}
+		if i == 0 {
+			total.Free, total.Total, total.Tmpfs = u.Free, u.Total, u.Tmpfs
+		}
+		total.Bytes += u.Bytes
+		total.Files += u.Files
+		total.Partials += u.Partials
+	}
+	return total, nil
 }
 
 // publish refreshes the live status and metrics.
@@ -72,6 +99,10 @@ func (j *job) publish() {
 	m.failed.Set(float64(st.Failed))
 	m.inflight.Set(float64(st.Inflight))
 	m.bytesWritten.Set(float64(st.BytesWritten))
+	for _, s := range st.Servers {
+		m.serverInflight.WithLabelValues(fmt.Sprint(s.Replica)).Set(float64(s.Inflight))
+		m.serverInflightTokens.WithLabelValues(fmt.Sprint(s.Replica)).Set(float64(s.InflightTokens))
+	}
 	if j.opt.OnStatus != nil {
 		j.opt.OnStatus(st)
 	}
@@ -97,6 +128,16 @@ func (j *job) snapshot() Status {
 	if p := j.gpus.Load(); p != nil {
 		gpus = *p
 	}
+	servers := make([]ServerStatus, len(j.replicas))
+	for i, rep := range j.replicas {
+		servers[i] = rep.status
+	}
+	for _, f := range j.inflight {
+		if f.replica >= 0 && !f.moving {
+			servers[f.replica].Inflight++
+			servers[f.replica].InflightTokens += f.tokens
+		}
+	}
 	state := "running"
 	if remaining == 0 && c.Failed == 0 {
 		state = "complete"
@@ -106,7 +147,7 @@ func (j *job) snapshot() Status {
 		Total: j.ledger.size(), DatasetSamples: j.ds.Len(), Done: c.Done, Failed: c.Failed, Pending: remaining,
 		Inflight: len(j.inflight), BytesWritten: c.BytesWritten, Imported: c.Imported,
 		SamplesPerSecond: sps, TokensPerSecond: tps, BytesPerSecond: bps, ETASeconds: eta,
-		Paused: append([]string{}, j.admission.paused...), Server: j.server, Rejected: rejected, AdoptedDumps: j.adopted, GPUs: gpus,
+		Paused: append([]string{}, j.admission.paused...), Server: servers[0], Servers: servers, Rejected: rejected, AdoptedDumps: j.adopted, GPUs: gpus,
 		Dataset: j.ds.Path, OutputDir: j.cfg.OutputDir, StartedAt: &started, UpdatedAt: now.UTC(),
 	}
 }

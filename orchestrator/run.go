@@ -120,10 +120,12 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	if opt.Fresh {
 		// The old job's dumps must not reach the new job's outputs (invariant 7).
-		if n, err := shm.RemoveDumps(cfg.ShmDir); err != nil {
-			return res, err
-		} else if n > 0 {
-			opt.Log.Info("--fresh: removed the old job's dumps from staging", "dumps", n, "dir", cfg.ShmDir)
+		for _, dir := range cfg.StagingDirs() {
+			if n, err := shm.RemoveDumps(dir); err != nil {
+				return res, err
+			} else if n > 0 {
+				opt.Log.Info("--fresh: removed the old job's dumps from staging", "dumps", n, "dir", dir)
+			}
 		}
 	}
 	j, err := newJob(cfg, opt, ds, ix, lock, started)

@@ -43,8 +43,9 @@ type Status struct {
 	BytesPerSecond   float64          `json:"bytes_per_second"`
 	ETASeconds       float64          `json:"eta_seconds"` // -1 when unknown
 	Paused           []string         `json:"paused"`
-	Server           ServerStatus     `json:"server"`
-	GPUs             []GPUStatus      `json:"gpus,omitempty"` // when NVML is there (server.kind sglang)
+	Server           ServerStatus     `json:"server"`            // replica 0, as before replicas existed
+	Servers          []ServerStatus   `json:"servers,omitempty"` // one per replica (server.replicas)
+	GPUs             []GPUStatus      `json:"gpus,omitempty"`    // when NVML is there (server.kind sglang)
 	Rejected         map[string]int64 `json:"rejected"`
 	AdoptedDumps     int64            `json:"adopted_dumps"` // leftovers of an earlier run moved, not recomputed
 	Dataset          string           `json:"dataset"`
@@ -53,12 +54,18 @@ type Status struct {
 	UpdatedAt        time.Time        `json:"updated_at"`
 }
 
-// ServerStatus describes the server the run drives.
+// ServerStatus describes one server (replica) the run drives.
 type ServerStatus struct {
+	Replica  int    `json:"replica"`
 	State    string `json:"state"` // starting | ready | restarting | stopped
 	PID      int    `json:"pid,omitempty"`
+	Port     int    `json:"port,omitempty"`
+	GPUs     []int  `json:"gpus,omitempty"` // server.kind sglang
 	Adopted  bool   `json:"adopted"`
 	Restarts int    `json:"restarts"`
+	// Inflight and InflightTokens are the samples sent to it whose dump has not arrived.
+	Inflight       int   `json:"inflight"`
+	InflightTokens int64 `json:"inflight_tokens"`
 	// HookVersion is the dump hook's version as the dumps report it.
 	HookVersion string `json:"hook_version,omitempty"`
 }
@@ -141,27 +148,34 @@ type metrics struct {
 	rejected     *prometheus.CounterVec
 	paused       *prometheus.GaugeVec
 	moveSeconds  prometheus.Histogram
-	restarts     prometheus.Counter
-	shmBytes     prometheus.Gauge
-	diskFree     prometheus.Gauge
+	restarts     *prometheus.CounterVec
+	// Per server, by replica label.
+	serverUp             *prometheus.GaugeVec
+	serverInflight       *prometheus.GaugeVec
+	serverInflightTokens *prometheus.GaugeVec
+	shmBytes             prometheus.Gauge
+	diskFree             prometheus.Gauge
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
-		reg:          prometheus.NewRegistry(),
-		total:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_total", Help: "Samples in the dataset."}),
-		done:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_done", Help: "Samples whose output is durable and indexed."}),
-		failed:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_failed", Help: "Samples that failed every attempt in this job."}),
-		inflight:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_inflight", Help: "Samples sent to the server and not yet done."}),
-		bytesWritten: prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_bytes", Help: "Bytes of output files written by the job."}),
-		rejected:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extract_dumps_rejected_total", Help: "Dumps not accepted, by reason."}, []string{"reason"}),
-		paused:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_admission_paused", Help: "1 while admission is paused for this reason."}, []string{"reason"}),
-		moveSeconds:  prometheus.NewHistogram(prometheus.HistogramOpts{Name: "extract_move_seconds", Help: "Time to validate, write, fsync and index one dump.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
-		restarts:     prometheus.NewCounter(prometheus.CounterOpts{Name: "extract_server_restarts_total", Help: "Server restarts after a death or hang."}),
-		shmBytes:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_staging_bytes", Help: "Bytes in the staging dir."}),
-		diskFree:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_free_bytes", Help: "Free bytes on the output disk."}),
+		reg:                  prometheus.NewRegistry(),
+		total:                prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_total", Help: "Samples in the dataset."}),
+		done:                 prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_done", Help: "Samples whose output is durable and indexed."}),
+		failed:               prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_failed", Help: "Samples that failed every attempt in this job."}),
+		inflight:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_samples_inflight", Help: "Samples sent to the server and not yet done."}),
+		bytesWritten:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_bytes", Help: "Bytes of output files written by the job."}),
+		rejected:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extract_dumps_rejected_total", Help: "Dumps not accepted, by reason."}, []string{"reason"}),
+		paused:               prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_admission_paused", Help: "1 while admission is paused for this reason."}, []string{"reason"}),
+		moveSeconds:          prometheus.NewHistogram(prometheus.HistogramOpts{Name: "extract_move_seconds", Help: "Time to validate, write, fsync and index one dump.", Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}),
+		restarts:             prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extract_server_restarts_total", Help: "Server restarts after a death or hang, by replica."}, []string{"replica"}),
+		serverUp:             prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_server_up", Help: "1 while the replica's server is ready."}, []string{"replica"}),
+		serverInflight:       prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_server_inflight_samples", Help: "Samples sent to the replica whose dump has not arrived."}, []string{"replica"}),
+		serverInflightTokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_server_inflight_tokens", Help: "Tokens of the samples sent to the replica whose dump has not arrived."}, []string{"replica"}),
+		shmBytes:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_staging_bytes", Help: "Bytes in the staging dir."}),
+		diskFree:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_free_bytes", Help: "Free bytes on the output disk."}),
 	}
-	m.reg.MustRegister(m.total, m.done, m.failed, m.inflight, m.bytesWritten, m.rejected, m.paused, m.moveSeconds, m.restarts, m.shmBytes, m.diskFree,
+	m.reg.MustRegister(m.total, m.done, m.failed, m.inflight, m.bytesWritten, m.rejected, m.paused, m.moveSeconds, m.restarts, m.serverUp, m.serverInflight, m.serverInflightTokens, m.shmBytes, m.diskFree,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

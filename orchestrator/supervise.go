@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -31,67 +33,239 @@ func (b *restartBudget) spend(now time.Time) (int, bool) {
 	return len(b.times), len(b.times) <= b.max
 }
 
-// startServer launches or adopts the server, then checks it is set up for capture.
-func (j *job) startServer(ctx context.Context, restart bool) error {
-	srv, err := j.mgr.Ensure(ctx)
+// replica is one server of the job (server.replicas) and what the coordinator knows of
+// it. Its Manager and Client are safe to use from any goroutine; the rest is the
+// coordinator's.
+type replica struct {
+	n         int
+	mgr       *sglang.Manager
+	client    *sglang.Client
+	staging   string // the dir its dump hook writes to
+	status    ServerStatus
+	restarts  restartBudget
+	unhealthy int // consecutive failed health probes
+}
+
+// newReplicas makes the job's server.replicas replicas: replica r on GPUs
+// gpus[r*tp_size:(r+1)*tp_size], port server.port+r, staging dir cfg.StagingDir(r), and
+// its own record, log and restart budget.
+func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
+	reps := make([]*replica, cfg.Server.Replicas)
+	for r := range reps {
+		spec := launchSpec(cfg, exe)
+		spec.Port = cfg.ReplicaPort(r)
+		spec.ShmDir = cfg.StagingDir(r)
+		if cfg.Server.Replicas > 1 || len(cfg.Server.GPUs) > 0 {
+			// One server without server.gpus keeps SGLang's own choice (no
+			// CUDA_VISIBLE_DEVICES), as before replicas existed.
+			spec.GPUs = cfg.ReplicaGPUs(r)
+		}
+		rep := &replica{
+			n:        r,
+			staging:  spec.ShmDir,
+			mgr:      &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r},
+			client:   sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, Logger: log}),
+			restarts: restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
+		}
+		rep.status = ServerStatus{Replica: r, State: "stopped", Port: spec.Port}
+		if cfg.Server.Kind == sglang.KindSGLang {
+			rep.status.GPUs = cfg.ReplicaGPUs(r)
+		}
+		reps[r] = rep
+	}
+	return reps
+}
+
+// replicaLoad is the tokens each replica holds: sent to it, their dump not yet arrived.
+func (j *job) replicaLoad() []int64 {
+	load := make([]int64, len(j.replicas))
+	for _, f := range j.inflight {
+		if f.replica >= 0 && !f.moving {
+			load[f.replica] += f.tokens
+		}
+	}
+	return load
+}
+
+// leastLoaded is the ready replica with the fewest tokens in flight (the lowest number
+// on a tie), or nil when none is ready.
+func leastLoaded(reps []*replica, load []int64) *replica {
+	var best *replica
+	for _, rep := range reps {
+		if rep.status.State == "ready" && (best == nil || load[rep.n] < load[best.n]) {
+			best = rep
+		}
+	}
+	return best
+}
+
+// upResult is a replica's launch or adoption, checked for capture, as bringUp ends it.
+type upResult struct {
+	r       int
+	srv     *sglang.Server
+	hook    sglang.HookMarker
+	restart bool
+	err     error
+}
+
+// serverExit says replica r's server pid is gone.
+type serverExit struct{ r, pid int }
+
+// healthResult is one probe of replica r's /health_generate.
+type healthResult struct {
+	r   int
+	err error
+}
+
+// bringUp launches or adopts replica rep's server and checks it is set up for capture.
+// It touches no coordinator state, so a restart runs beside the other replicas' work.
+func (j *job) bringUp(ctx context.Context, rep *replica, restart bool) upResult {
+	up := upResult{r: rep.n, restart: restart}
+	srv, err := rep.mgr.Ensure(ctx)
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w: stopped while the server was starting", ErrTemporary)
+		switch {
+		case ctx.Err() != nil:
+			up.err = fmt.Errorf("%w: stopped while server replica %d was starting", ErrTemporary, rep.n)
+		case errors.Is(err, sglang.ErrPortTaken):
+			up.err = fmt.Errorf("%w: %v", ErrPreflight, err)
+		default:
+			if line, ok := sglang.HookRefusal(err.Error()); ok {
+				// The hook refused this SGLang or its settings before loading weights: a
+				// restart would only refuse again.
+				up.err = fmt.Errorf("%w: the server exited at start: %s (see %s)", ErrPreflight, line, rep.mgr.LogPath())
+			} else {
+				up.err = fmt.Errorf("%w: start server%s: %v", ErrTemporary, rep.label(), err)
+			}
 		}
-		if errors.Is(err, sglang.ErrPortTaken) {
-			return fmt.Errorf("%w: %v", ErrPreflight, err)
-		}
-		if line, ok := sglang.HookRefusal(err.Error()); ok {
-			// The hook refused this SGLang or its settings before loading weights: a
-			// restart would only refuse again.
-			return fmt.Errorf("%w: the server exited at start: %s (see %s)", ErrPreflight, line, j.mgr.LogPath())
-		}
-		return fmt.Errorf("%w: start server: %v", ErrTemporary, err)
+		return up
 	}
-	j.server = ServerStatus{State: "ready", PID: srv.PID, Adopted: srv.Adopted, Restarts: j.server.Restarts, HookVersion: j.server.HookVersion}
-	j.unhealthy = 0
+	up.srv = srv
 	if !srv.Adopted {
-		// A freshly launched server never finishes the partials of the one before.
-		if _, err := shm.RemovePartials(j.cfg.ShmDir); err != nil {
-			j.log.Warn("remove partial dumps", "err", err)
+		// A freshly launched server never finishes the partials of the one before; each
+		// replica has its own staging dir, so only this replica's are discarded.
+		if _, err := shm.RemovePartials(rep.staging); err != nil {
+			j.log.Warn("remove partial dumps", "dir", rep.staging, "err", err)
 		}
 	}
-	stop := func() { j.stopServer(ctx) }
-	hook, ok := sglang.ServerHook(j.cfg.ShmDir, srv.PGID)
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := rep.mgr.Stop(sctx, 30*time.Second); err != nil {
+			j.log.Warn("stopping server", "replica", rep.n, "err", err)
+		}
+	}
+	hook, ok := sglang.ServerHook(rep.staging, srv.PGID)
 	if !ok {
 		stop()
-		return fmt.Errorf("%w: server pid %d is up but its dump hook is not armed (no .hook-<pid>.json marker of its process group in %s); no dumps would come: see %s", ErrPreflight, srv.PID, j.cfg.ShmDir, j.mgr.LogPath())
+		up.err = fmt.Errorf("%w: server pid %d is up but its dump hook is not armed (no .hook-<pid>.json marker of its process group in %s); no dumps would come: see %s", ErrPreflight, srv.PID, rep.staging, rep.mgr.LogPath())
+		return up
 	}
 	if hook.Protocol != "1" {
 		stop()
-		return fmt.Errorf("%w: server pid %d runs dump hook %s speaking protocol %q; this extract reads protocol 1", ErrPreflight, srv.PID, hook.HookVersion, hook.Protocol)
+		up.err = fmt.Errorf("%w: server pid %d runs dump hook %s speaking protocol %q; this extract reads protocol 1", ErrPreflight, srv.PID, hook.HookVersion, hook.Protocol)
+		return up
 	}
-	j.server.HookVersion = hook.HookVersion
-	info, err := j.client.ServerInfo(ctx)
+	up.hook = hook
+	info, err := rep.client.ServerInfo(ctx)
 	if err != nil {
-		return fmt.Errorf("%w: server info: %v", ErrTemporary, err)
+		up.err = fmt.Errorf("%w: server info%s: %v", ErrTemporary, rep.label(), err)
+		return up
 	}
-	if err := info.CheckCapture(j.mgr.Spec); err != nil {
+	if err := info.CheckCapture(rep.mgr.Spec); err != nil {
 		stop()
-		return fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, j.mgr.Spec.BaseURL(), err)
+		up.err = fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, rep.mgr.Spec.BaseURL(), err)
 	}
-	j.log.Info("server ready", "pid", srv.PID, "adopted", srv.Adopted, "url", j.mgr.Spec.BaseURL(), "restart", restart, "hook_version", hook.HookVersion, "layers", hook.Layers)
+	return up
+}
+
+// label names a replica in messages when the job has several.
+func (rep *replica) label() string { return fmt.Sprintf(" (replica %d)", rep.n) }
+
+// startServers brings every replica up at once and waits for all of them; any failure
+// stops the run, and the replicas already up are stopped unless the failure is
+// temporary (the next run adopts them then).
+func (j *job) startServers(ctx context.Context) error {
+	ups := make(chan upResult, len(j.replicas))
+	for _, rep := range j.replicas {
+		rep.status.State = "starting"
+		go func() { ups <- j.bringUp(ctx, rep, false) }()
+	}
+	j.publish()
+	var errs []error
+	for range j.replicas {
+		up := <-ups
+		if up.err != nil {
+			errs = append(errs, up.err)
+			continue
+		}
+		j.serverUp(up)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	err := errs[0]
+	if !errors.Is(err, ErrTemporary) {
+		j.stopServers(ctx)
+	}
+	return err
+}
+
+// serverUp marks a replica ready and watches for its exit.
+func (j *job) serverUp(up upResult) {
+	rep := j.replicas[up.r]
+	rep.status.State, rep.status.PID, rep.status.Adopted = "ready", up.srv.PID, up.srv.Adopted
+	rep.status.HookVersion = up.hook.HookVersion
+	rep.unhealthy = 0
+	j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(1)
+	exited, pid := rep.mgr.Exited(), up.srv.PID
+	j.workers.start(fmt.Sprintf("replica %d exit watch", rep.n), func(ctx context.Context) error {
+		select {
+		case <-exited:
+			select {
+			case j.exits <- serverExit{r: rep.n, pid: pid}:
+			case <-ctx.Done():
+			}
+		case <-ctx.Done():
+		}
+		return nil
+	})
+	j.log.Info("server ready", "replica", rep.n, "pid", up.srv.PID, "adopted", up.srv.Adopted, "url", rep.mgr.Spec.BaseURL(), "restart", up.restart, "hook_version", up.hook.HookVersion, "layers", up.hook.Layers)
+}
+
+func (rep *replica) metricLabel() string { return fmt.Sprint(rep.n) }
+
+// onUp settles a restart that bringUp finished.
+func (j *job) onUp(up upResult) error {
+	if up.err != nil {
+		return up.err
+	}
+	j.serverUp(up)
 	return nil
 }
 
-// stopServer stops the server we launched or adopted. It must outlive the operator's
-// signal that ends ctx, so it runs on ctx's values without its cancellation.
-func (j *job) stopServer(ctx context.Context) {
+// stopServers stops every replica's server we launched or adopted. It must outlive the
+// operator's signal that ends ctx, so it runs on ctx's values without its cancellation.
+func (j *job) stopServers(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := j.mgr.Stop(ctx, 30*time.Second); err != nil {
-		j.log.Warn("stopping server", "err", err)
+	done := make(chan struct{}, len(j.replicas))
+	for _, rep := range j.replicas {
+		go func() {
+			if err := rep.mgr.Stop(ctx, 30*time.Second); err != nil {
+				j.log.Warn("stopping server", "replica", rep.n, "err", err)
+			}
+			done <- struct{}{}
+		}()
 	}
-	j.server.State = "stopped"
+	for _, rep := range j.replicas {
+		<-done
+		rep.status.State = "stopped"
+		j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
+	}
 }
 
-// probeHealth asks /health_generate every health_interval; the coordinator judges.
-func (j *job) probeHealth(ctx context.Context) error {
+// probeHealth asks rep's /health_generate every health_interval; the coordinator judges.
+func (j *job) probeHealth(ctx context.Context, rep *replica) error {
 	t := time.NewTicker(j.cfg.Server.HealthInterval)
 	defer t.Stop()
 	for {
@@ -101,49 +275,62 @@ func (j *job) probeHealth(ctx context.Context) error {
 		case <-t.C:
 		}
 		pctx, cancel := context.WithTimeout(ctx, j.cfg.Server.HealthTimeout)
-		err := j.client.HealthGenerate(pctx)
+		err := rep.client.HealthGenerate(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
 		select {
-		case j.health <- err:
-		default: // the coordinator is busy (restarting); the next probe will do
+		case j.health <- healthResult{r: rep.n, err: err}:
+		default: // the coordinator is busy; the next probe will do
 		}
 	}
 }
 
-// onHealth counts failed probes in a row; health_failures of them is a hang: the whole
-// process group is killed and the server restarted like after a death.
-func (j *job) onHealth(ctx context.Context, err error) error {
-	if err == nil || j.server.State != "ready" {
-		j.unhealthy = 0
+// onHealth counts a replica's failed probes in a row; health_failures of them is a hang:
+// its whole process group is killed and it is restarted like after a death.
+func (j *job) onHealth(ctx context.Context, h healthResult) error {
+	rep := j.replicas[h.r]
+	if h.err == nil || rep.status.State != "ready" {
+		rep.unhealthy = 0
 		return nil
 	}
-	j.unhealthy++
-	j.log.Warn("server health probe failed", "pid", j.server.PID, "consecutive", j.unhealthy, "err", err)
-	if j.unhealthy < j.cfg.Server.HealthFailures {
+	rep.unhealthy++
+	j.log.Warn("server health probe failed", "replica", rep.n, "pid", rep.status.PID, "consecutive", rep.unhealthy, "err", h.err)
+	if rep.unhealthy < j.cfg.Server.HealthFailures {
 		return nil
 	}
-	j.unhealthy = 0
-	j.log.Error("server hung: killing its process group", "pid", j.server.PID, "failed_probes", j.cfg.Server.HealthFailures)
+	rep.unhealthy = 0
+	j.log.Error("server hung: killing its process group", "replica", rep.n, "pid", rep.status.PID, "failed_probes", j.cfg.Server.HealthFailures)
 	j.reject("server_hang")
 	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := j.mgr.Stop(stopCtx, 5*time.Second); err != nil {
-		return fmt.Errorf("%w: kill hung server: %v", ErrTemporary, err)
+	if err := rep.mgr.Stop(stopCtx, 5*time.Second); err != nil {
+		return fmt.Errorf("%w: kill hung server%s: %v", ErrTemporary, rep.label(), err)
 	}
-	return j.onServerExit(ctx)
+	return j.serverGone(rep)
 }
 
-// onServerExit requeues what the dead server held and, unless the run is draining,
-// starts a new one within the restart budget.
-func (j *job) onServerExit(ctx context.Context) error {
-	j.log.Error("server exited", "pid", j.server.PID)
-	j.server.State = "stopped"
+// onServerExit handles the exit of replica e.r's server pid e.pid, once: a second report,
+// or one about a server already replaced, is dropped.
+func (j *job) onServerExit(e serverExit) error {
+	rep := j.replicas[e.r]
+	if rep.status.State != "ready" || rep.status.PID != e.pid {
+		return nil
+	}
+	j.log.Error("server exited", "replica", rep.n, "pid", e.pid)
+	return j.serverGone(rep)
+}
+
+// serverGone sends what the dead replica held to the others (or to it once it is back)
+// and, unless the run is draining, restarts it within its own restart budget, beside
+// the replicas that still work.
+func (j *job) serverGone(rep *replica) error {
+	rep.status.State = "stopped"
+	j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
 	now := time.Now()
 	for s, f := range j.inflight {
-		if !f.moving {
+		if f.replica == rep.n && !f.moving {
 			delete(j.inflight, s)
 			j.admission.retryAt(s, now)
 		}
@@ -151,18 +338,30 @@ func (j *job) onServerExit(ctx context.Context) error {
 	if j.draining {
 		return nil
 	}
-	n, ok := j.restarts.spend(now)
+	n, ok := rep.restarts.spend(now)
 	if !ok {
-		return fmt.Errorf("%w: server died or hung %d times within %s (server.max_restarts %d); see %s", ErrTemporary, n, j.cfg.Server.RestartWindow, j.cfg.Server.MaxRestarts, j.mgr.LogPath())
+		return fmt.Errorf("%w: server%s died or hung %d times within %s (server.max_restarts %d); see %s", ErrTemporary, rep.label(), n, j.cfg.Server.RestartWindow, j.cfg.Server.MaxRestarts, rep.mgr.LogPath())
 	}
-	j.server.Restarts++
-	j.server.State = "restarting"
-	j.metrics.restarts.Inc()
+	rep.status.Restarts++
+	rep.status.State = "restarting"
+	j.metrics.restarts.WithLabelValues(rep.metricLabel()).Inc()
 	j.publish()
-	select {
-	case <-ctx.Done():
+	backoff := time.Second << (n - 1)
+	j.workers.start(fmt.Sprintf("replica %d restart", rep.n), func(ctx context.Context) error {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		up := j.bringUp(ctx, rep, true)
+		if ctx.Err() != nil {
+			return nil // the run is ending; a server still loading is adopted next time
+		}
+		select {
+		case j.ups <- up:
+		case <-ctx.Done():
+		}
 		return nil
-	case <-time.After(time.Second << (n - 1)):
-	}
-	return j.startServer(ctx, true)
+	})
+	return nil
 }

@@ -10,6 +10,8 @@ import (
 
 // ServerIdentity is what <state_dir>/server.json says about the server extract last
 // launched, enough to tell its processes from strangers without signalling anything.
+// With server.replicas, it also carries the records of the other replicas
+// (server-<r>.json): Owns answers for all of them, the fields describe replica 0.
 type ServerIdentity struct {
 	PID, PGID int
 	Port      int
@@ -22,12 +24,45 @@ type ServerIdentity struct {
 	// stops it (found by ServerID) and launches a new one.
 	Launching bool
 	sameBoot  bool
+	// replicas are the other replicas' identities, by replica number.
+	replicas map[int]*ServerIdentity
 }
 
-// LoadServerIdentity reads the server record in stateDir. It returns nil, nil when there
-// is none (or it is unreadable, which proves nothing about any process).
+// LoadServerIdentity reads the server records in stateDir: server.json and every
+// server-<r>.json. It returns nil, nil when there is none (or none is readable, which
+// proves nothing about any process).
 func LoadServerIdentity(stateDir string, log *slog.Logger) (*ServerIdentity, error) {
-	m := &Manager{StateDir: stateDir, Log: log}
+	id, err := loadReplicaIdentity(stateDir, 0, log)
+	if err != nil {
+		return nil, err
+	}
+	others, _ := filepath.Glob(filepath.Join(stateDir, "server-*.json"))
+	for _, path := range others {
+		var r int
+		if _, err := fmt.Sscanf(filepath.Base(path), "server-%d.json", &r); err != nil || r <= 0 || RecordPath(stateDir, r) != path {
+			continue
+		}
+		rid, err := loadReplicaIdentity(stateDir, r, log)
+		if err != nil {
+			return nil, err
+		}
+		if rid == nil {
+			continue
+		}
+		if id == nil {
+			// Replica 0 has no record: an identity that owns nothing by itself.
+			id = &ServerIdentity{}
+		}
+		if id.replicas == nil {
+			id.replicas = map[int]*ServerIdentity{}
+		}
+		id.replicas[r] = rid
+	}
+	return id, nil
+}
+
+func loadReplicaIdentity(stateDir string, r int, log *slog.Logger) (*ServerIdentity, error) {
+	m := &Manager{StateDir: stateDir, Log: log, Replica: r}
 	rec, err := m.readRecord()
 	if err != nil || rec == nil {
 		return nil, err
@@ -44,12 +79,34 @@ func LoadServerIdentity(stateDir string, log *slog.Logger) (*ServerIdentity, err
 	return id, nil
 }
 
-// Owns reports whether pid belongs to the recorded server: a member of its process
-// group while its leader lives, or any process whose initial environment carries the
-// recorded EXTRACT_SERVER_ID (a worker orphaned by a dead leader keeps it). A nil
-// identity owns nothing.
+// Replica is replica r's identity (r 0 is id itself when it has a record), or nil.
+func (id *ServerIdentity) Replica(r int) *ServerIdentity {
+	if id == nil {
+		return nil
+	}
+	if r == 0 {
+		if id.PID == 0 && id.ServerID == "" {
+			return nil // no record of replica 0: the identity only holds the others
+		}
+		return id
+	}
+	return id.replicas[r]
+}
+
+// Owns reports whether pid belongs to a recorded server (any replica): a member of its
+// process group while its leader lives, or any process whose initial environment
+// carries the recorded EXTRACT_SERVER_ID (a worker orphaned by a dead leader keeps it).
+// A nil identity owns nothing.
 func (id *ServerIdentity) Owns(pid int) bool {
-	if id == nil || !id.sameBoot {
+	if id == nil {
+		return false
+	}
+	for _, r := range id.replicas {
+		if r.Owns(pid) {
+			return true
+		}
+	}
+	if !id.sameBoot {
 		return false
 	}
 	if id.Leader {

@@ -57,7 +57,8 @@ type Server struct {
 	Adopted bool
 }
 
-// Manager keeps one server matching Spec running, recorded in <StateDir>/server.json.
+// Manager keeps one server matching Spec running, recorded in <StateDir>/server.json
+// (server-<r>.json for replica r > 0: each replica of a job has its own Manager).
 //
 // The server outlives the orchestrator on purpose: it runs in its own session and logs
 // to <StateDir>/logs/server.log, so a restarted run adopts a healthy server of the same
@@ -69,6 +70,10 @@ type Manager struct {
 	// StartupTimeout bounds loading the model (default 40m: a 1T MoE over 8 GPUs).
 	StartupTimeout time.Duration
 	Log            *slog.Logger
+	// Replica numbers this server among the job's server.replicas; it names the record
+	// and the log. Replica 0 keeps the names of a single-server job, so a job that grows
+	// replicas still adopts the server it had.
+	Replica int
 
 	op     sync.Mutex // serializes Ensure and Stop
 	mu     sync.Mutex // guards cur and exited
@@ -92,10 +97,25 @@ type record struct {
 	Launching bool `json:"launching,omitempty"`
 }
 
-func (m *Manager) recordPath() string { return filepath.Join(m.StateDir, "server.json") }
+func (m *Manager) recordPath() string { return RecordPath(m.StateDir, m.Replica) }
 
-// LogPath is the server's stdout and stderr, appended across launches.
-func (m *Manager) LogPath() string { return filepath.Join(m.StateDir, "logs", "server.log") }
+// RecordPath is replica r's server record in stateDir: server.json for replica 0,
+// server-<r>.json for the others.
+func RecordPath(stateDir string, r int) string {
+	if r == 0 {
+		return filepath.Join(stateDir, "server.json")
+	}
+	return filepath.Join(stateDir, fmt.Sprintf("server-%d.json", r))
+}
+
+// LogPath is the server's stdout and stderr, appended across launches: logs/server.log
+// for replica 0, logs/server-<r>.log for the others.
+func (m *Manager) LogPath() string {
+	if m.Replica == 0 {
+		return filepath.Join(m.StateDir, "logs", "server.log")
+	}
+	return filepath.Join(m.StateDir, "logs", fmt.Sprintf("server-%d.log", m.Replica))
+}
 
 func (m *Manager) log() *slog.Logger {
 	if m.Log == nil {

@@ -300,6 +300,16 @@ func (j *job) requestLog() string { return filepath.Join(j.dir, "requests.log") 
 
 // requests lists the rids the simulator received, across every server of the job.
 func (j *job) requests() []string {
+	var rids []string
+	for _, l := range j.requestLines() {
+		rids = append(rids, l[0])
+	}
+	return rids
+}
+
+// requestLines are the request log's lines split into fields: rid, then the port of the
+// server (replica) that received it.
+func (j *job) requestLines() [][]string {
 	b, err := os.ReadFile(j.requestLog())
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -307,7 +317,13 @@ func (j *job) requests() []string {
 	if err != nil {
 		j.t.Fatal(err)
 	}
-	return strings.Fields(string(b))
+	var lines [][]string
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			lines = append(lines, f)
+		}
+	}
+	return lines
 }
 
 func (j *job) status() map[string]any {

@@ -266,7 +266,7 @@ func TestMetricsAreScrapableWhileRunning(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	for _, name := range []string{"extract_samples_total 60", "extract_samples_done ", "extract_samples_inflight ", "extract_output_bytes ",
-		"extract_move_seconds_bucket", "extract_staging_bytes ", "extract_output_free_bytes ", "extract_server_restarts_total 0", `extract_dumps_rejected_total{reason="foreign_name"} 1`, "process_resident_memory_bytes"} {
+		"extract_move_seconds_bucket", "extract_staging_bytes ", "extract_output_free_bytes ", `extract_server_restarts_total{replica="0"} 0`, `extract_server_up{replica="0"} 1`, `extract_dumps_rejected_total{reason="foreign_name"} 1`, "process_resident_memory_bytes"} {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %q", name)
 		}

@@ -59,7 +59,7 @@ type Config struct {
 	CorruptEvery int
 	// LateDumpDelay writes each dump this long after the response, like a slow hook.
 	LateDumpDelay time.Duration
-	// RequestLog, when set, is a file that gets one line per /generate received (its rid),
+	// RequestLog, when set, is a file that gets one line per /generate received ("rid port"),
 	// appended across restarts: tests count the work the server was asked to do.
 	RequestLog string
 }
@@ -82,7 +82,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
 	fs.IntVar(&c.CorruptEvery, "corrupt-every", 0, "fault: write every Nth dump with input_ids that differ from the request's")
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
-	fs.StringVar(&c.RequestLog, "request-log", "", "append the rid of every /generate received to this file")
+	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port\" of every /generate received to this file")
 }
 
 func (c *Config) normalize() error {
@@ -459,8 +459,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
-// logRequest appends rid to the request log, one write per line so that concurrent
-// requests and restarted servers never interleave within a line.
+// logRequest appends "rid port" to the request log, one write per line so that
+// concurrent requests, restarted servers and the replicas of one job (which share the
+// log) never interleave within a line; the port tells the replicas apart.
 func (s *Server) logRequest(rid string) error {
 	if s.cfg.RequestLog == "" {
 		return nil
@@ -469,7 +470,7 @@ func (s *Server) logRequest(rid string) error {
 	if err != nil {
 		return fmt.Errorf("request log: %w", err)
 	}
-	_, err = f.WriteString(rid + "\n")
+	_, err = fmt.Fprintf(f, "%s %d\n", rid, s.cfg.Port)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
