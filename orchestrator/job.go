@@ -198,6 +198,12 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		}
 	}
 	j.replicas = newReplicas(cfg, opt.Executable, j.log)
+	for _, rep := range j.replicas {
+		// Every replica's series exists from the start, at 0: a scrape can tell "no
+		// restarts" from "no such replica".
+		j.metrics.restarts.WithLabelValues(rep.metricLabel())
+		j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
+	}
 	return j, nil
 }
 

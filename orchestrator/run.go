@@ -110,6 +110,9 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, err
 	}
+	if err := checkReplicaFit(cfg, nil); err != nil {
+		return res, err // exit 2: replicas × tp_size is more GPUs than the node has
+	}
 	// The same triage as `extract doctor`, before any GPU time is spent.
 	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
 	if err != nil {
