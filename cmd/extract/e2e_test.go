@@ -245,9 +245,23 @@ func (j *job) check() (lost, corrupt, extra int) {
 	}
 	entries, _ := os.ReadDir(j.shmDir)
 	for _, e := range entries {
+		if e.IsDir() && replicaDirName(e.Name()) {
+			// A replica's staging dir (server.replicas > 1) stays, and must be empty.
+			sub, _ := os.ReadDir(filepath.Join(j.shmDir, e.Name()))
+			for _, f := range sub {
+				j.t.Errorf("staging dir not empty: %s/%s", e.Name(), f.Name())
+			}
+			continue
+		}
 		j.t.Errorf("staging dir not empty: %s", e.Name())
 	}
 	return lost, corrupt, extra
+}
+
+// replicaDirName says whether name is a replica's staging dir: r<k>.
+func replicaDirName(name string) bool {
+	k, err := strconv.Atoi(strings.TrimPrefix(name, "r"))
+	return strings.HasPrefix(name, "r") && err == nil && "r"+strconv.Itoa(k) == name
 }
 
 func (j *job) checkFile(path string, idx int, s sample) error {
