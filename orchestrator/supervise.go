@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"time"
 
 	"github.com/extract-dev/extract/configs"
@@ -185,6 +186,7 @@ func (rep *replica) label() string { return fmt.Sprintf(" (replica %d)", rep.n) 
 // stops the run, and the replicas already up are stopped unless the failure is
 // temporary (the next run adopts them then).
 func (j *job) startServers(ctx context.Context) error {
+	j.stopRetiredReplicas(ctx)
 	ups := make(chan upResult, len(j.replicas))
 	for _, rep := range j.replicas {
 		rep.status.State = "starting"
@@ -208,6 +210,26 @@ func (j *job) startServers(ctx context.Context) error {
 		j.stopServers(ctx)
 	}
 	return err
+}
+
+// stopRetiredReplicas stops the servers recorded for replicas this job no longer has
+// (server.replicas lowered since they were launched): nobody else would ever stop them,
+// and they hold GPUs. Their dumps are in the staging dirs the run scanned already.
+func (j *job) stopRetiredReplicas(ctx context.Context) {
+	records, _ := filepath.Glob(filepath.Join(j.cfg.StateDir, "server-*.json"))
+	for _, path := range records {
+		var r int
+		if _, err := fmt.Sscanf(filepath.Base(path), "server-%d.json", &r); err != nil || r < len(j.replicas) || sglang.RecordPath(j.cfg.StateDir, r) != path {
+			continue
+		}
+		j.log.Info("stopping the server of a replica this job no longer has", "replica", r, "record", path, "replicas", len(j.replicas))
+		m := &sglang.Manager{StateDir: j.cfg.StateDir, Log: j.log, Replica: r}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		if err := m.Stop(sctx, 30*time.Second); err != nil {
+			j.log.Warn("stopping retired replica", "replica", r, "err", err)
+		}
+		cancel()
+	}
 }
 
 // serverUp marks a replica ready and watches for its exit.

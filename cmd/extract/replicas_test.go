@@ -261,3 +261,59 @@ func TestReplicasTimesTPSizeBeyondTheListedGPUsExitsTwoNamingTheNumbers(t *testi
 		t.Errorf("a refused config left a state dir")
 	}
 }
+
+// stagedDumpsEverywhere lists the complete dumps in the staging dir and every replica's.
+func (j *job) stagedDumpsEverywhere() []shm.RID {
+	rids := j.stagedDumps()
+	subs, _ := filepath.Glob(filepath.Join(j.shmDir, "r*"))
+	for _, dir := range subs {
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if rid, ok := shm.ParseDumpName(e.Name()); ok && e.Type().IsRegular() {
+				rids = append(rids, rid)
+			}
+		}
+	}
+	return rids
+}
+
+func TestLeftoversOfThreeReplicasAreAdoptedByARunOfTwoThatStopsTheThirdServer(t *testing.T) {
+	j := newJob(t, 200, 4000)
+	j.withReplicas(3)
+	cmd, wait := j.start("run")
+	st := j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 10 && allReady(3)(st) })
+	third := num(servers(st)[2]["pid"])
+	// Frozen, the orchestrator stops moving while the servers finish what they were sent.
+	cmd.Process.Signal(syscall.SIGSTOP)
+	time.Sleep(1500 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGKILL)
+	wait() // as after a real crash, the next run starts once the process is gone
+	leftovers := j.stagedDumpsEverywhere()
+	if len(leftovers) == 0 {
+		t.Fatal("the killed run left no complete dump in staging: the test proves nothing")
+	}
+	before := len(j.requests())
+	j.env = append(j.env, "EXTRACT_SERVER_REPLICAS=2")
+	if r := j.run("run", "--resume"); r.code != 0 || !strings.Contains(r.stdout, "200") {
+		t.Fatalf("resume exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	for _, rid := range j.requests()[before:] {
+		r, err := shm.ParseRID(rid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range leftovers {
+			if l.Sample == r.Sample {
+				t.Errorf("sample %d was left complete in staging as %s, and requested again as %s", l.Sample, l, rid)
+			}
+		}
+	}
+	if alive(third) {
+		t.Errorf("replica 2's server pid %d outlived a run of 2 replicas", third)
+	}
+	log := mustRead(t, filepath.Join(j.state, "logs", "extract.log"))
+	if n := strings.Count(log, "adopting leftover dump"); n < len(leftovers) {
+		t.Errorf("%d leftovers adopted, want all %d", n, len(leftovers))
+	}
+	j.requireExact()
+}
