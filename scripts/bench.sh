@@ -9,6 +9,8 @@
 #   scripts/bench.sh                  # all figures, then the table (3 to 5 minutes)
 #   scripts/bench.sh --no-go-bench    # skip the `go test -bench` part
 #   scripts/bench.sh --shards         # also figure 7: status --all, 8 shards × 1M (+2-3 min, 1.2 GB)
+#   scripts/bench.sh --replicas       # also figure 8: the job with 1, 2, 4 and 8 replicas (+3-5 min)
+#   scripts/bench.sh --only-replicas  # figure 1 (the disk's rate), then figure 8 only
 #   BENCH_OUT=/nvme/bench scripts/bench.sh   # output dir on the disk to measure
 #   BENCH_EXTRACT=bin/extract BENCH_BENCHTOOL=bin/benchtool scripts/bench.sh --no-go-bench
 #                                     # on a machine without Go: prebuilt binaries
@@ -29,12 +31,16 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 GO_BENCH=1
 SHARDS=0
+REPLICAS=0
+ONLY_REPLICAS=0
 for a in "$@"; do
 	case "$a" in
 	--no-go-bench) GO_BENCH=0 ;;
 	--shards) SHARDS=1 ;;
+	--replicas) REPLICAS=1 ;;
+	--only-replicas) REPLICAS=1 ONLY_REPLICAS=1 GO_BENCH=0 ;;
 	-h | --help)
-		sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'
+		sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'
 		exit 0
 		;;
 	*)
@@ -56,7 +62,7 @@ RESULTS=$OUT/results.jsonl
 
 cleanup() {
 	rm -rf "$SHM" "$BIN"
-	for d in mover mover-out small e2e rss resume-37312 resume-1000000 gobench; do
+	for d in mover mover-out small e2e rss resume-37312 resume-1000000 gobench replicas; do
 		rm -rf "${OUT:?}/$d"
 	done
 }
@@ -128,6 +134,21 @@ X=(-extract "$BIN/extract")
 
 echo "== figure 1: mover vs cp + sync, 8 × 256 MiB (and on a tmpfs: its own CPU cost against cp)"
 T mover -rounds 3
+# Figure 8 sets the simulators' rate from figure 1's cp + sync: 1.5× of it in all, split
+# between the replicas, so the disk is the limit whatever their number.
+replicas_figure() {
+	echo "== figure 8: the whole job with 1, 2 and 4 simulator replicas, the disk the limit"
+	T replicas "${X[@]}" -replicas 1,2,4 -n 32 -disk-fraction 1.5
+	echo "== figure 8: overhead per sample with many small replicas (8 × 256 KiB dumps at full speed)"
+	T replicas "${X[@]}" -replicas 8 -n 4000 -tokens-lo 32 -tokens-hi 32 -hidden 1024 -label "8 small replicas, 256 KiB dumps"
+}
+if [ "$ONLY_REPLICAS" = 1 ]; then
+	replicas_figure
+	echo
+	echo "== results ($(($(date +%s) - start)) s; $RESULTS; load after: $(cut -d' ' -f1-3 /proc/loadavg))"
+	"$BIN/benchtool" report -results "$RESULTS" | tee "$OUT/table.md"
+	exit 0
+fi
 T mover -rounds 3 -tmpfs
 echo "== figure 2: 256 KiB dumps through validate, move, fsync, index"
 T small -n 2000
@@ -143,6 +164,9 @@ T rss "${X[@]}"
 if [ "$SHARDS" = 1 ]; then
 	echo "== figure 7: status --all over 8 shards of 1M samples"
 	T shards "${X[@]}" -shards 8 -per 1000000 -runs 21
+fi
+if [ "$REPLICAS" = 1 ]; then
+	replicas_figure
 fi
 
 if [ "$GO_BENCH" = 1 ]; then

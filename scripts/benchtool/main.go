@@ -10,6 +10,7 @@
 //	benchtool dataset -o F -n N -tokens T                 a JSONL dataset of input_ids
 //	benchtool index   -config F -done N                   an index with N samples done
 //	benchtool shards  -extract BIN -out D -shards 8 -per 1000000   figure 7: status --all
+//	benchtool replicas -extract BIN -shm D -out D ...     figure 8: the job with 1, 2, 4 replicas vs simulators + cp + sync
 //	benchtool report  -results F                          the table
 //
 // Each figure appends JSON lines to the results file; report prints them as a table.
@@ -29,15 +30,16 @@ type command struct {
 }
 
 var commands = map[string]command{
-	"mover":   {"figure 1: mover vs cp + sync of the same large dumps", cmdMover},
-	"small":   {"figure 2: small dumps through validate, move, fsync, index", cmdSmall},
-	"e2e":     {"figure 3: simulator alone vs the whole job (and figure 5, live status)", cmdE2E},
-	"resume":  {"figure 4: time to the first request on --resume (and figure 5, status from the index)", cmdResume},
-	"rss":     {"figure 6: peak RSS of extract run while it moves 8 × 256 MiB", cmdRSS},
-	"dataset": {"write a JSONL dataset of input_ids", cmdDataset},
-	"index":   {"write an index with N samples done", cmdIndex},
-	"report":  {"print the results as a table", cmdReport},
-	"shards":  {"figure 7: status --all over 8 shards of 1M samples", cmdShards},
+	"mover":    {"figure 1: mover vs cp + sync of the same large dumps", cmdMover},
+	"small":    {"figure 2: small dumps through validate, move, fsync, index", cmdSmall},
+	"e2e":      {"figure 3: simulator alone vs the whole job (and figure 5, live status)", cmdE2E},
+	"resume":   {"figure 4: time to the first request on --resume (and figure 5, status from the index)", cmdResume},
+	"rss":      {"figure 6: peak RSS of extract run while it moves 8 × 256 MiB", cmdRSS},
+	"dataset":  {"write a JSONL dataset of input_ids", cmdDataset},
+	"index":    {"write an index with N samples done", cmdIndex},
+	"report":   {"print the results as a table", cmdReport},
+	"shards":   {"figure 7: status --all over 8 shards of 1M samples", cmdShards},
+	"replicas": {"figure 8: the whole job with 1, 2, 4 simulator replicas vs simulators + cp + sync; overhead per sample", cmdReplicas},
 }
 
 func usage() {

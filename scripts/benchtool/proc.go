@@ -34,6 +34,7 @@ func freePort() (int, error) {
 type jobConfig struct {
 	Dataset, OutputDir, ShmDir string
 	Port                       int
+	Replicas                   int // server.replicas; 0 or 1: one server
 	Hidden                     int
 	TokensPerSecond            float64
 	MaxInflight, Movers        int
@@ -48,6 +49,9 @@ func (c jobConfig) write(path string) error {
 		fmt.Fprintf(&b, "shm_budget: %s\n", c.ShmBudget)
 	}
 	fmt.Fprintf(&b, "server:\n  kind: simulator\n  host: 127.0.0.1\n  port: %d\n  simulator:\n    hidden_size: %d\n    tokens_per_second: %g\n", c.Port, c.Hidden, c.TokensPerSecond)
+	if c.Replicas > 1 {
+		fmt.Fprintf(&b, "  replicas: %d\n", c.Replicas)
+	}
 	fmt.Fprintf(&b, "run:\n  max_inflight: %d\n  movers: %d\n", c.MaxInflight, c.Movers)
 	fmt.Fprintf(&b, "disk:\n  reserve: 1GiB\nstatus:\n  listen: 127.0.0.1:0\n")
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
