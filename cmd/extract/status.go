@@ -87,7 +87,13 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 			eta = (time.Duration(st.ETASeconds) * time.Second).String()
 		}
 		fmt.Fprintf(w, "rate:      %.2f samples/s, %.0f tokens/s, %s/s; ETA %s\n", st.SamplesPerSecond, st.TokensPerSecond, configs.ByteSize(st.BytesPerSecond), eta)
-		fmt.Fprintf(w, "server:    %s (pid %d, adopted %v, restarts %d)\n", st.Server.State, st.Server.PID, st.Server.Adopted, st.Server.Restarts)
+		if len(st.Servers) > 1 {
+			for _, s := range st.Servers {
+				fmt.Fprintf(w, "replica %d: %s (pid %d, port %d, adopted %v, restarts %d), %d in flight (%d tokens)\n", s.Replica, s.State, s.PID, s.Port, s.Adopted, s.Restarts, s.Inflight, s.InflightTokens)
+			}
+		} else {
+			fmt.Fprintf(w, "server:    %s (pid %d, adopted %v, restarts %d)\n", st.Server.State, st.Server.PID, st.Server.Adopted, st.Server.Restarts)
+		}
 	}
 	for _, g := range st.GPUs {
 		util := "?"
