@@ -390,7 +390,7 @@ func (j *job) loop(ctx context.Context) error {
 				return err
 			}
 		case e := <-j.exits:
-			if err := j.onServerExit(e); err != nil {
+			if err := j.onServerExit(ctx, e); err != nil {
 				return err
 			}
 		case h := <-j.health:

@@ -325,29 +325,35 @@ func (j *job) onHealth(ctx context.Context, h healthResult) error {
 	rep.unhealthy = 0
 	j.log.Error("server hung: killing its process group", "replica", rep.n, "pid", rep.status.PID, "failed_probes", j.cfg.Server.HealthFailures)
 	j.reject("server_hang")
-	stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	return j.serverGone(ctx, rep, true)
+}
+
+// killHung stops a hung replica's process group: SIGTERM, and SIGKILL after 5 s.
+func killHung(ctx context.Context, rep *replica) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	if err := rep.mgr.Stop(stopCtx, 5*time.Second); err != nil {
+	if err := rep.mgr.Stop(ctx, 5*time.Second); err != nil {
 		return fmt.Errorf("%w: kill hung server%s: %v", ErrTemporary, rep.label(), err)
 	}
-	return j.serverGone(rep)
+	return nil
 }
 
 // onServerExit handles the exit of replica e.r's server pid e.pid, once: a second report,
 // or one about a server already replaced, is dropped.
-func (j *job) onServerExit(e serverExit) error {
+func (j *job) onServerExit(ctx context.Context, e serverExit) error {
 	rep := j.replicas[e.r]
 	if rep.status.State != "ready" || rep.status.PID != e.pid {
 		return nil
 	}
 	j.log.Error("server exited", "replica", rep.n, "pid", e.pid)
-	return j.serverGone(rep)
+	return j.serverGone(ctx, rep, false)
 }
 
-// serverGone sends what the dead replica held to the others (or to it once it is back)
-// and, unless the run is draining, restarts it within its own restart budget, beside
-// the replicas that still work.
-func (j *job) serverGone(rep *replica) error {
+// serverGone sends what the dead (or hung) replica held to the others (or to it once it
+// is back) and, unless the run is draining, restarts it within its own restart budget,
+// beside the replicas that still work. A hung server is killed first: in the restart's
+// worker, so its grace never stalls the others' dumps, or here when no restart follows.
+func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 	rep.status.State = "stopped"
 	j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
 	now := time.Now()
@@ -358,10 +364,18 @@ func (j *job) serverGone(rep *replica) error {
 		}
 	}
 	if j.draining {
+		if hung {
+			return killHung(ctx, rep)
+		}
 		return nil
 	}
 	n, ok := rep.restarts.spend(now)
 	if !ok {
+		if hung {
+			if err := killHung(ctx, rep); err != nil {
+				return err
+			}
+		}
 		return fmt.Errorf("%w: server%s died or hung %d times within %s (server.max_restarts %d); see %s", ErrTemporary, rep.label(), n, j.cfg.Server.RestartWindow, j.cfg.Server.MaxRestarts, rep.mgr.LogPath())
 	}
 	rep.status.Restarts++
@@ -370,6 +384,15 @@ func (j *job) serverGone(rep *replica) error {
 	j.publish()
 	backoff := time.Second << (n - 1)
 	j.workers.start(fmt.Sprintf("replica %d restart", rep.n), func(ctx context.Context) error {
+		if hung {
+			if err := killHung(ctx, rep); err != nil {
+				select {
+				case j.ups <- upResult{r: rep.n, restart: true, err: err}:
+				case <-ctx.Done():
+				}
+				return nil
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
