@@ -37,7 +37,8 @@ func (d *doctor) checkReplicas(context.Context) []Check {
 	return checks
 }
 
-// checkReplica is one replica's line: its GPUs and port, failing on a stranger on either.
+// checkReplica is one replica's line: its GPUs, port and staging dir (with what a crashed
+// run left there, and the hook armed there), failing on a stranger on a GPU or the port.
 func (d *doctor) checkReplica(r int, gpus map[int]sglang.GPU, nvml bool) Check {
 	name := fmt.Sprintf("replica %d", r)
 	var parts, problems, fixes []string
@@ -83,6 +84,15 @@ func (d *doctor) checkReplica(r int, gpus map[int]sglang.GPU, nvml bool) Check {
 			fixes = append(fixes, fmt.Sprintf("stop it, or move server.port (replica %d listens on server.port + %d)", r, r))
 		}
 	}
+	dir := d.cfg.StagingDir(r)
+	staging := "staging " + dir
+	if lo := d.leftovers(dir); lo.complete+lo.partial+lo.other > 0 {
+		staging += " (" + lo.String() + ")"
+	}
+	for _, m := range sglang.LiveHookMarkers(dir) {
+		staging += fmt.Sprintf("; hook %s armed in pid %d", m.HookVersion, m.PID)
+	}
+	parts = append(parts, staging)
 	reason := strings.Join(parts, ", ")
 	if len(problems) > 0 {
 		return failCheck(name, strings.Join(fixes, "; "), "%s; %s", reason, strings.Join(problems, "; "))

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -84,10 +85,13 @@ func TestDoctorNamesAStrangerOnASecondReplicasPort(t *testing.T) {
 	}
 	defer ln.Close()
 
+	// A dump a crashed run left in replica 1's staging dir is reported on its line.
+	mustWriteFile(t, filepath.Join(cfg.ShmDir, "r1", "s000000002-a1.safetensors"), "dump")
+
 	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 
 	wantCheck(t, rep, "port", CheckOK)
-	wantCheck(t, rep, "replica 1", CheckOK, "GPUs 2,3", fmt.Sprintf("port %d free", cfg.Server.Port+1))
+	wantCheck(t, rep, "replica 1", CheckOK, "GPUs 2,3", fmt.Sprintf("port %d free", cfg.Server.Port+1), "staging "+filepath.Join(cfg.ShmDir, "r1"), "1 complete dump(s)")
 	wantCheck(t, rep, "replica 2", CheckFail, "GPUs 4,5", fmt.Sprintf("port %d is taken by pid %d", cfg.Server.Port+2, os.Getpid()))
 }
 
