@@ -279,7 +279,7 @@ func outputFiles(outputDir string) ([]string, error) {
 }
 
 // attemptsSeen is the highest attempt any trace of the job shows: the rids in the
-// output files' metadata, and the dump names in the staging dir (complete, partial, or
+// output files' metadata, and the dump names in the staging dirs (complete, partial, or
 // held for quarantine) and in the quarantine dir. Names only: nothing in staging is
 // opened (invariant 8).
 func attemptsSeen(cfg *configs.Config, files []string) (int, error) {
@@ -293,7 +293,8 @@ func attemptsSeen(cfg *configs.Config, files []string) (int, error) {
 			high = max(high, r.Attempt)
 		}
 	}
-	for _, dir := range []string{cfg.ShmDir, filepath.Join(cfg.StateDir, "quarantine")} {
+	// Every staging dir: shm_dir and each replica's shm_dir/r<k> (server.replicas).
+	for _, dir := range append(cfg.StagingDirs(), filepath.Join(cfg.StateDir, "quarantine")) {
 		entries, err := os.ReadDir(dir)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
