@@ -182,15 +182,18 @@ func (j *job) bringUp(ctx context.Context, rep *replica, restart bool) upResult 
 // label names a replica in messages when the job has several.
 func (rep *replica) label() string { return fmt.Sprintf(" (replica %d)", rep.n) }
 
-// startServers brings every replica up at once and waits for all of them; any failure
-// stops the run, and the replicas already up are stopped unless the failure is
-// temporary (the next run adopts them then).
+// startServers brings every replica up at once and waits for all of them. The first
+// failure ends the others' wait (a port taken must not wait out another replica's
+// 40-minute model load) and the run; the replicas already up are stopped unless the
+// failure is temporary (the next run adopts them then).
 func (j *job) startServers(ctx context.Context) error {
 	j.stopRetiredReplicas(ctx)
+	bringCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	ups := make(chan upResult, len(j.replicas))
 	for _, rep := range j.replicas {
 		rep.status.State = "starting"
-		go func() { ups <- j.bringUp(ctx, rep, false) }()
+		go func() { ups <- j.bringUp(bringCtx, rep, false) }()
 	}
 	j.publish()
 	var errs []error
@@ -198,6 +201,7 @@ func (j *job) startServers(ctx context.Context) error {
 		up := <-ups
 		if up.err != nil {
 			errs = append(errs, up.err)
+			cancel()
 			continue
 		}
 		j.serverUp(up)

@@ -317,3 +317,24 @@ func TestLeftoversOfThreeReplicasAreAdoptedByARunOfTwoThatStopsTheThirdServer(t 
 	}
 	j.requireExact()
 }
+
+func TestAStrangerOnASecondReplicasPortIsRefusedWithExitThreeAndNoServerIsLeft(t *testing.T) {
+	j := newJob(t, 20, 0)
+	j.withReplicas(3)
+	port := portOf(t, j) + 1
+	ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	r := j.run("run")
+	if r.code != 3 || !strings.Contains(r.stderr, fmt.Sprintf("port %d is taken by pid %d", port, os.Getpid())) {
+		t.Fatalf("run exit %d, want 3 naming port %d and its holder:\n%s", r.code, port, r.stderr)
+	}
+	if left, _ := filepath.Glob(filepath.Join(j.state, "server*.json")); len(left) > 0 {
+		t.Errorf("servers recorded after a refused start: %v", left)
+	}
+	if n := len(j.requests()); n > 0 {
+		t.Errorf("%d requests sent by a run refused at preflight", n)
+	}
+}
