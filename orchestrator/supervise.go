@@ -69,7 +69,7 @@ func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
 			restarts: restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
 		}
 		rep.status = ServerStatus{Replica: r, State: "stopped", Port: spec.Port}
-		if cfg.Server.Kind == sglang.KindSGLang {
+		if cfg.Server.Kind != sglang.KindSimulator {
 			rep.status.GPUs = cfg.ReplicaGPUs(r)
 		}
 		reps[r] = rep
