@@ -277,6 +277,7 @@ func (j *job) stopServers(ctx context.Context) {
 	done := make(chan struct{}, len(j.replicas))
 	for _, rep := range j.replicas {
 		go func() {
+			rep.client.CloseIdleConnections()
 			if err := rep.mgr.Stop(ctx, 30*time.Second); err != nil {
 				j.log.Warn("stopping server", "replica", rep.n, "err", err)
 			}

@@ -213,6 +213,11 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return nil
 }
 
+// CloseIdleConnections closes the connections not carrying a request, before the server
+// is stopped: Go's graceful shutdown (the simulator's) waits up to 5 s for a connection
+// that never carried a request, and the transport keeps spares it dialed and never used.
+func (c *Client) CloseIdleConnections() { c.retry.HTTPClient.CloseIdleConnections() }
+
 // HealthGenerate is one probe of /health_generate, without retries: nil iff it answers
 // 200. SGLang answers 503 while loading and runs a one-token generation when idle.
 func (c *Client) HealthGenerate(ctx context.Context) error {
