@@ -338,3 +338,34 @@ func TestAStrangerOnASecondReplicasPortIsRefusedWithExitThreeAndNoServerIsLeft(t
 		t.Errorf("%d requests sent by a run refused at preflight", n)
 	}
 }
+
+func TestHungReplicasAreKilledAndRestartedWhileTheJobFinishesExact(t *testing.T) {
+	j := newJob(t, 120, 0)
+	j.withReplicas(3)
+	// Each simulator hangs after its 25th request: every replica hangs once or more.
+	j.env = append(j.env,
+		"EXTRACT_SERVER_SIMULATOR_HANG_AFTER=25",
+		"EXTRACT_SERVER_HEALTH_INTERVAL=200ms",
+		"EXTRACT_SERVER_HEALTH_TIMEOUT=300ms",
+		"EXTRACT_SERVER_HEALTH_FAILURES=2",
+		"EXTRACT_SERVER_MAX_RESTARTS=10",
+	)
+	r := j.run("run")
+	if r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	hung := map[string]bool{}
+	for _, line := range strings.Split(r.stderr, "\n") {
+		if strings.Contains(line, `msg="server hung`) {
+			for _, f := range strings.Fields(line) {
+				if v, ok := strings.CutPrefix(f, "replica="); ok {
+					hung[v] = true
+				}
+			}
+		}
+	}
+	if len(hung) < 2 {
+		t.Errorf("hangs detected on replicas %v, want at least 2 of 3:\n%s", hung, r.stderr)
+	}
+	j.requireExact()
+}
