@@ -1,0 +1,187 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
+	"github.com/extract-dev/extract/shm"
+)
+
+type sendResult struct {
+	sample, attempt int
+	err             error
+}
+
+// expectedBytes is what a sample will take, in staging and then on the output disk.
+func (j *job) expectedBytes(sample int) int64 { return sampleBytes(j.cfg, j.ds.Tokens(sample)) }
+
+// sampleBytes is what admission reserves for a sample of tokens: the output file's size
+// (a dump plus the loss mask), plus room for header, page rounding and directory blocks.
+func sampleBytes(cfg *configs.Config, tokens int) int64 {
+	return int64(tokens)*cfg.OutputBytesPerToken() + 16<<10
+}
+
+// pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
+var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready"}
+
+// admit sends samples while the window and the budgets allow (invariant 5).
+func (j *job) admit() error {
+	a := &j.admission
+	a.paused = a.paused[:0]
+	defer j.setPausedMetrics()
+	if j.storeFailing != "" {
+		// Storing is failing (a full disk behind our back, an I/O error): admitting more
+		// would only pile dumps up in staging.
+		a.paused = append(a.paused, "cannot store dumps: "+j.storeFailing)
+		return nil
+	}
+	// Every flight counts until its move lands, and a landed move is taken off diskFree
+	// at once (onMoved): between two measurements the estimate never runs behind the disk.
+	var reserved int64
+	for _, f := range j.inflight {
+		reserved += f.expected
+	}
+	skip := func(s int) bool {
+		_, busy := j.inflight[s]
+		return busy || j.ledger.done(s)
+	}
+	// Each sample goes to the ready replica with the fewest tokens in flight.
+	load := j.replicaLoad()
+	var batch []int
+	var to []*replica
+	now := time.Now()
+	for len(j.inflight)+len(batch) < j.cfg.Run.MaxInflight {
+		s, fromRetry := a.next(now, skip)
+		if s < 0 {
+			break
+		}
+		target := leastLoaded(j.replicas, load)
+		if target == nil {
+			a.paused = append(a.paused, "no server ready: every replica is restarting")
+			break
+		}
+		want := j.expectedBytes(s)
+		if reason := j.budgets.blocked(reserved, want, len(j.inflight)+len(batch) == 0); reason != "" {
+			a.paused = append(a.paused, reason)
+			break
+		}
+		a.take(fromRetry)
+		batch = append(batch, s)
+		to = append(to, target)
+		load[target.n] += int64(j.ds.Tokens(s))
+		reserved += want
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	if !j.sentAny {
+		j.sentAny = true
+		j.log.Info("first request sent", "sample", batch[0], "since_start", time.Since(j.started).Round(time.Millisecond))
+	}
+	for i, s := range batch {
+		// The number is picked here; the sender records it durably before the request
+		// leaves (send), sharing fsyncs with the other senders and the movers. A run
+		// killed in between never sent that rid, so the next run may pick it again.
+		attempt := checkpoint.NextAttempt(int(j.ledger.attempt[s]), j.attemptBase)
+		rid := shm.RID{Sample: s, Attempt: attempt}
+		j.ledger.attempt[s] = uint32(attempt)
+		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
+		rep := to[i]
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s)}
+		j.workers.start("sender", func(ctx context.Context) error {
+			j.send(ctx, rep.client, s, rid)
+			return nil
+		})
+	}
+	return nil
+}
+
+func (j *job) setPausedMetrics() {
+	for _, r := range pauseReasons {
+		v := 0.0
+		for _, p := range j.admission.paused {
+			if len(p) >= len(r) && p[:len(r)] == r {
+				v = 1
+			}
+		}
+		j.metrics.paused.WithLabelValues(r).Set(v)
+	}
+}
+
+func (j *job) send(ctx context.Context, client *sglang.Client, sample int, rid shm.RID) {
+	// The attempt is durable before the request leaves, so a dump can always be matched
+	// to the attempt the index knows, whatever crashes when.
+	err := j.ix.RecordAttempt(sample, rid.Attempt)
+	if err != nil {
+		err = &indexError{fmt.Errorf("record attempt %s: %w", rid, err)}
+	}
+	var s Sample
+	if err == nil {
+		s, err = j.ds.Sample(sample)
+	}
+	if err == nil {
+		_, err = client.Generate(ctx, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
+	}
+	select {
+	case j.sent <- sendResult{sample: sample, attempt: rid.Attempt, err: err}:
+	case <-ctx.Done():
+	}
+}
+
+func (j *job) onSent(r sendResult) error {
+	if errors.Is(r.err, ErrBadDataset) {
+		return r.err // the dataset changed under the run: nothing more it says can be trusted
+	}
+	if _, ok := errors.AsType[*indexError](r.err); ok {
+		return r.err // the index cannot record attempts: nothing can be sent safely
+	}
+	f := j.inflight[r.sample]
+	if f == nil || f.attempt != r.attempt || f.moving {
+		return nil // already done, or superseded, or its dump is being moved
+	}
+	if r.err != nil {
+		if j.draining {
+			delete(j.inflight, r.sample)
+			return nil
+		}
+		j.log.Warn("request failed", "sample", r.sample, "rid", f.rid, "err", r.err)
+		j.requeue(r.sample, "request failed: "+r.err.Error())
+		return nil
+	}
+	f.answered = time.Now()
+	return nil
+}
+
+// requeue gives up on a sample's current attempt: it is sent again with a new rid after a
+// backoff, or marked failed once it has failed max_attempts times in this run.
+func (j *job) requeue(sample int, reason string) {
+	delete(j.inflight, sample)
+	final, n := j.admission.fail(sample, j.cfg.Run.MaxAttempts, time.Now())
+	if !final {
+		return
+	}
+	if err := j.ix.MarkFailed(sample, int(j.ledger.attempt[sample]), reason); err != nil {
+		j.log.Error("mark failed", "sample", sample, "err", err)
+		return
+	}
+	j.ledger.set(sample, checkpoint.StateFailed, 0, 0)
+	j.log.Error("sample failed", "sample", sample, "attempts", n, "reason", reason)
+}
+
+// checkTimeouts re-sends samples whose request was answered but whose dump never came.
+func (j *job) checkTimeouts() {
+	now := time.Now()
+	for s, f := range j.inflight {
+		if f.moving || f.answered.IsZero() || now.Sub(f.answered) < j.cfg.Run.DumpTimeout {
+			continue
+		}
+		j.reject("dump_timeout")
+		j.log.Warn("no dump arrived; sending again", "sample", s, "rid", f.rid, "waited", now.Sub(f.answered).Round(time.Second))
+		j.requeue(s, "dump never arrived")
+	}
+}
