@@ -88,7 +88,8 @@ type flight struct {
 	moving   bool
 }
 
-// errStateLost means the state dir was deleted or replaced under the run.
+// errStateLost means the state dir (or the staging dir) was deleted or replaced under
+// the run: the run stops the servers it started before it exits.
 var errStateLost = errors.New("state dir lost")
 
 // tick paces admission re-checks, timeouts and status snapshots.
@@ -320,6 +321,11 @@ func (j *job) loop(ctx context.Context) error {
 			drainUntil = time.Now().Add(j.cfg.Run.DrainTimeout)
 			j.log.Info("stopping: no new samples; draining in-flight ones", "inflight", len(j.inflight), "timeout", j.cfg.Run.DrainTimeout)
 		case err := <-j.workers.failed:
+			if errors.Is(err, shm.ErrStagingGone) {
+				// The server's dumps and its hook's marker went with the dir: a fresh
+				// server is needed, and nobody else would stop this one.
+				return fmt.Errorf("%w: %w: %v; stopping the server this run started", ErrTemporary, errStateLost, err)
+			}
 			return fmt.Errorf("%w: %v", ErrTemporary, err)
 		case sendMove <- nextMove:
 			j.moveQueue = j.moveQueue[1:]

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/shm"
@@ -58,7 +60,7 @@ func (q *quarantine) queueHeld() {
 	for _, dir := range q.stagingDirs {
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if strings.HasPrefix(e.Name(), heldPrefix) && e.Type().IsRegular() {
+			if strings.HasPrefix(e.Name(), heldPrefix) && e.Type().IsRegular() && ownedByUs(e) {
 				if _, ok := shm.ParseDumpName(strings.TrimPrefix(e.Name(), heldPrefix)); ok {
 					select {
 					case q.jobs <- filepath.Join(dir, e.Name()):
@@ -131,14 +133,19 @@ func (q *quarantine) keep(held string, room int64) (int64, error) {
 	if cerr := dst.Close(); err == nil {
 		err = cerr
 	}
+	kept := filepath.Join(q.dir, name)
+	if _, serr := os.Lstat(kept); serr == nil {
+		// Never replace the evidence of an earlier rejected dump of the same rid.
+		kept += "." + time.Now().UTC().Format("20060102T150405.000000000Z")
+	}
 	if err == nil {
-		err = os.Rename(tmp, filepath.Join(q.dir, name))
+		err = os.Rename(tmp, kept)
 	}
 	if err != nil {
 		os.Remove(tmp)
 		return 0, fmt.Errorf("copy %s into quarantine: %w", held, err)
 	}
-	q.log.Warn("dump quarantined", "file", filepath.Join(filepath.Dir(held), name), "kept_as", filepath.Join(q.dir, name))
+	q.log.Warn("dump quarantined", "file", filepath.Join(filepath.Dir(held), name), "kept_as", kept)
 	return st.Size(), nil
 }
 
@@ -159,4 +166,16 @@ func dirBytes(dir string) int64 {
 		}
 	}
 	return n
+}
+
+// ownedByUs says whether a held name in the world-writable staging dir is one this user
+// could have made: another user's file under our pattern is not ours to copy or delete
+// (invariant 8).
+func ownedByUs(e os.DirEntry) bool {
+	fi, err := e.Info()
+	if err != nil {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && int(st.Uid) == os.Geteuid()
 }

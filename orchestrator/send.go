@@ -137,12 +137,14 @@ func (j *job) onSent(r sendResult) error {
 	if errors.Is(r.err, ErrBadDataset) {
 		return r.err // the dataset changed under the run: nothing more it says can be trusted
 	}
-	if _, ok := errors.AsType[*indexError](r.err); ok {
-		return r.err // the index cannot record attempts: nothing can be sent safely
-	}
 	f := j.inflight[r.sample]
 	if f == nil || f.attempt != r.attempt || f.moving {
 		return nil // already done, or superseded, or its dump is being moved
+	}
+	if _, ok := errors.AsType[*indexError](r.err); ok {
+		// The index cannot record attempts (a full or failing state disk): nothing can be
+		// sent safely; cron should try again once the disk is fixed.
+		return fmt.Errorf("%w: %v", ErrTemporary, r.err)
 	}
 	if r.err != nil {
 		if j.draining {

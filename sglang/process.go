@@ -48,6 +48,9 @@ var ErrPortTaken = errors.New("server port taken")
 // Server is a running server that a Manager launched or adopted.
 type Server struct {
 	PID, PGID int
+	// ServerID is in the environment of every process of the server: orphaned workers
+	// are found by it.
+	ServerID string
 	// StartTime is /proc/<pid>/stat field 22: with PID, it identifies the process.
 	StartTime   uint64
 	Port        int
@@ -247,7 +250,7 @@ func (m *Manager) adopt(rec *record) *Server {
 	if cur != nil && cur.PID == rec.PID && cur.StartTime == rec.StartTime {
 		return cur
 	}
-	s := &Server{PID: rec.PID, PGID: rec.PGID, StartTime: rec.StartTime, Port: rec.Port,
+	s := &Server{PID: rec.PID, PGID: rec.PGID, ServerID: rec.ServerID, StartTime: rec.StartTime, Port: rec.Port,
 		Fingerprint: rec.Fingerprint, Argv: rec.Argv, Adopted: true}
 	exited := make(chan struct{})
 	go watchAdopted(s.PID, s.StartTime, exited)
@@ -372,7 +375,7 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 		m.killGroup(pid)
 		return nil, err
 	}
-	s := &Server{PID: pid, PGID: pid, StartTime: st.startTime, Port: m.Spec.Port, Fingerprint: fp, Argv: argv}
+	s := &Server{PID: pid, PGID: pid, ServerID: serverID, StartTime: st.startTime, Port: m.Spec.Port, Fingerprint: fp, Argv: argv}
 	m.setCurrent(s, exited)
 	m.log().Info("server launched; waiting until ready", "pid", pid, "port", m.Spec.Port, "log", m.LogPath(), "startup_timeout", m.startupTimeout())
 	return m.waitReady(ctx, client, s, started, exited, func() string { return fmt.Sprintf(" (%v)", waitErr) }, logStart)
@@ -530,7 +533,7 @@ func (m *Manager) currentRecord() *record {
 	if err != nil {
 		return nil
 	}
-	return &record{PID: cur.PID, PGID: cur.PGID, StartTime: cur.StartTime, BootID: boot, Port: cur.Port, Fingerprint: cur.Fingerprint, Argv: cur.Argv}
+	return &record{PID: cur.PID, PGID: cur.PGID, ServerID: cur.ServerID, StartTime: cur.StartTime, BootID: boot, Port: cur.Port, Fingerprint: cur.Fingerprint, Argv: cur.Argv}
 }
 
 func (m *Manager) readRecord() (*record, error) {

@@ -15,6 +15,9 @@ import (
 // entry is reported and never opened, followed or read.
 var ErrNotRegular = errors.New("not a regular file")
 
+// ErrStagingGone means the staging dir itself was removed or renamed while watched.
+var ErrStagingGone = errors.New("staging dir gone")
+
 // OpenDump opens a staging entry for reading without trusting it: lstat first, then
 // open with O_NOFOLLOW|O_NONBLOCK (a FIFO swapped in between cannot block us, a symlink
 // cannot redirect us), then fstat to check what was really opened. Every read of the

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -249,5 +250,29 @@ func TestRemovePartialsDeletesOnlyTheHooksPartials(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(dir, name)); (err == nil) != want {
 			t.Errorf("%s present = %v, want %v", name, err == nil, want)
 		}
+	}
+}
+
+// A staging dir removed under the run (a cleanup of /dev/shm, a remount) leaves the watch
+// on a dead inode: Run must end with an error instead of waiting for dumps forever.
+func TestWatcherEndsWhenItsStagingDirIsRemoved(t *testing.T) {
+	dir := stagingDir(t)
+	w, err := NewWatcher(dir, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background(), make(chan Dump, 1)) }()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), dir) {
+			t.Fatalf("Run = %v; want an error naming %s", err, dir)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run went on after its staging dir was removed")
 	}
 }

@@ -96,6 +96,11 @@ func (w *Watcher) Run(ctx context.Context, out chan<- Dump) error {
 			if !ok {
 				return nil
 			}
+			if filepath.Clean(ev.Name) == filepath.Clean(w.dir) && (ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename)) {
+				// The watch is on the old inode: dumps written into a recreated dir would
+				// never be seen, and every sample would time out. End the run instead.
+				return fmt.Errorf("staging dir %s was removed or renamed under the run; dumps written there now would go unseen: %w", w.dir, ErrStagingGone)
+			}
 			if !ev.Has(fsnotify.Create) && !ev.Has(fsnotify.Write) {
 				continue
 			}

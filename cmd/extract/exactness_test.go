@@ -269,3 +269,53 @@ func TestAnEnvVariableTypoIsRefusedNamingTheKeyItMeant(t *testing.T) {
 		}
 	})
 }
+
+// Issue 8 review: the staging dir deleted under a run (a cleanup of /dev/shm) leaves the
+// watch on a dead inode. The run must stop (exit 75) rather than time out every sample,
+// and the next run finishes exact.
+func TestDeletingTheStagingDirMidRunEndsTheRunForCronToResume(t *testing.T) {
+	j := newJob(t, 200, 3000)
+	_, wait := j.start("run")
+	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 5 })
+	if err := os.RemoveAll(j.shmDir); err != nil {
+		t.Fatal(err)
+	}
+	code, stderr := wait()
+	if code != 75 || !strings.Contains(stderr, "staging dir") {
+		t.Fatalf("run exit %d, want 75 naming the staging dir\n%s", code, stderr)
+	}
+	if strings.Contains(stderr, "sample failed") {
+		t.Errorf("samples were failed for dumps the run could not see:\n%s", stderr)
+	}
+	if r := j.run("run", "--resume"); r.code != 0 {
+		t.Fatalf("resume exit %d\n%s", r.code, r.stderr)
+	}
+	j.requireExact()
+}
+
+// Issue 8 review: a file another user planted under extract's held-for-quarantine name
+// is neither copied nor deleted.
+func TestAnotherUsersFileUnderTheQuarantineNameIsLeftAlone(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to plant a file owned by another user")
+	}
+	j := newJob(t, 20, 0)
+	planted := filepath.Join(j.shmDir, ".quarantine-s000000001-a1.safetensors")
+	if err := os.WriteFile(planted, []byte("victim-data"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(planted, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if r := j.run("run"); r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	if b, err := os.ReadFile(planted); err != nil || string(b) != "victim-data" {
+		t.Errorf("planted file: %q, %v; want it untouched", b, err)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(j.state, "quarantine", "*")); len(kept) > 0 {
+		t.Errorf("quarantine holds %v; the planted file is not ours", kept)
+	}
+	os.Remove(planted)
+	j.requireExact()
+}

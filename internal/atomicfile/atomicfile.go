@@ -68,7 +68,11 @@ type dirGroup struct {
 	running bool
 	started uint64
 	done    uint64
-	err     error // of fsync number done
+	// errSeq is the number of the last fsync that failed, err its error: a caller whose
+	// fsync window includes it gets the error, even if a later fsync succeeded (a
+	// writeback error is reported once, to the descriptors open when it happened).
+	errSeq uint64
+	err    error
 }
 
 func (g *dirGroup) sync(dir string) error {
@@ -89,10 +93,21 @@ func (g *dirGroup) sync(dir string) error {
 		g.mu.Unlock()
 		err := syncDirOnce(dir)
 		g.mu.Lock()
-		g.running, g.done, g.err = false, n, err
+		g.running, g.done = false, n
+		if err != nil {
+			g.errSeq, g.err = n, err
+		}
 		g.cond.Broadcast()
 	}
-	return g.err
+	return g.errFor(need)
+}
+
+// errFor is the error of a failed fsync numbered need or later, if any (mu held).
+func (g *dirGroup) errFor(need uint64) error {
+	if g.errSeq >= need {
+		return g.err
+	}
+	return nil
 }
 
 func syncDirOnce(dir string) error {

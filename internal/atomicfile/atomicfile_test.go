@@ -1,6 +1,7 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -63,5 +64,25 @@ func TestConcurrentSyncDirCallersAllReturnAndShareFsyncs(t *testing.T) {
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
 		t.Error("SyncDir of a missing dir succeeded")
+	}
+}
+
+// A caller whose window holds a failed fsync gets the error even when a later fsync of
+// the same dir succeeds: a writeback error is reported only once.
+func TestSyncDirReportsAFailureInTheCallersWindow(t *testing.T) {
+	g := &dirGroup{started: 5, done: 5, errSeq: 5, err: errors.New("EIO")}
+	dir := t.TempDir()
+	dirGroups.Store(filepath.Clean(dir), g)
+	// A new caller needs fsync 6, which succeeds: the old failure (5) is not its.
+	if err := SyncDir(dir); err != nil {
+		t.Fatalf("SyncDir = %v; fsync 5's failure is outside this caller's window", err)
+	}
+	// A caller that needed fsync 7 but saw fsync 7 fail gets it, whatever came later.
+	g.mu.Lock()
+	g.errSeq, g.err = 7, errors.New("EIO")
+	g.done, g.started = 8, 8
+	g.mu.Unlock()
+	if err := g.errFor(7); err == nil {
+		t.Error("a failure in the caller's window was not reported")
 	}
 }
