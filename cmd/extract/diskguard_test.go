@@ -67,7 +67,9 @@ func TestDiskReservePausesAdmissionUntilTheDiskGrows(t *testing.T) {
 }
 
 func TestDiskFilledBehindOurBackLosesNothingAndResumesByItself(t *testing.T) {
-	j := newJob(t, 100, 20000)
+	// Slow enough that the job is still running once the filler has taken the disk, even
+	// under -race; small enough (about 25k tokens of 2 KiB) to fit the 64 MiB disk.
+	j := newJob(t, 150, 3000)
 	mnt := smallDisk(t, j, "64m")
 	j.env = append(j.env, "EXTRACT_DISK_RESERVE=1MiB")
 	_, wait := j.start("run")

@@ -210,7 +210,8 @@ func TestAReplicaKilledMidRunHasItsSamplesFinishedByTheOthersWhileItRestarts(t *
 }
 
 func TestAKilledOrchestratorIsFollowedByARunThatAdoptsEveryLiveReplica(t *testing.T) {
-	j := newJob(t, 150, 3000)
+	// Long enough that the resumed run is still live when its status is read, even under -race.
+	j := newJob(t, 400, 1500)
 	j.withReplicas(3)
 	cmd, wait := j.start("run")
 	j.waitStatus("three ready replicas", allReady(3))

@@ -44,6 +44,8 @@ func (j *job) start(args ...string) (*exec.Cmd, func() (int, string)) {
 		select {
 		case <-done:
 		case <-time.After(90 * time.Second):
+			cmd.Process.Kill()
+			<-done // the output is complete, and no longer written, once the process is gone
 			j.t.Fatalf("extract %v did not finish in 90s\n%s", args, errb.String())
 		}
 		return code, errb.String()
