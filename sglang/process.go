@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,13 +12,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 const (
@@ -82,33 +78,6 @@ type Manager struct {
 	mu     sync.Mutex // guards cur and exited
 	cur    *Server
 	exited chan struct{}
-}
-
-// record is server.json: enough to find the server again and prove it is ours.
-type record struct {
-	PID         int       `json:"pid"`
-	PGID        int       `json:"pgid"`
-	StartTime   uint64    `json:"start_time"`
-	BootID      string    `json:"boot_id"`
-	ServerID    string    `json:"server_id"`
-	Port        int       `json:"port"`
-	Fingerprint string    `json:"fingerprint"`
-	Argv        []string  `json:"argv"`
-	StartedAt   time.Time `json:"started_at"`
-	// Launching marks a record written before the process starts: a run killed between
-	// the start and the full record leaves a server findable by ServerID alone.
-	Launching bool `json:"launching,omitempty"`
-}
-
-func (m *Manager) recordPath() string { return RecordPath(m.StateDir, m.Replica) }
-
-// RecordPath is replica r's server record in stateDir: server.json for replica 0,
-// server-<r>.json for the others.
-func RecordPath(stateDir string, r int) string {
-	if r == 0 {
-		return filepath.Join(stateDir, "server.json")
-	}
-	return filepath.Join(stateDir, fmt.Sprintf("server-%d.json", r))
 }
 
 // LogPath is the server's stdout and stderr, appended across launches: logs/server.log
@@ -197,50 +166,6 @@ func (m *Manager) Ensure(ctx context.Context) (*Server, error) {
 		}
 	}
 	return m.launch(ctx, client, argv, fp)
-}
-
-type procOwner int
-
-const (
-	procGone procOwner = iota
-	procOurs
-	procForeign
-)
-
-// identify decides whether the recorded pid is still the process we started: same boot,
-// same start time, same command line. Anything else is pid reuse and must not be signalled.
-func (m *Manager) identify(rec *record) procOwner {
-	st, err := readStat(rec.PID)
-	if err != nil || st.dead() {
-		return procGone
-	}
-	boot, err := bootID()
-	if err != nil || boot != rec.BootID || st.startTime != rec.StartTime {
-		return procForeign
-	}
-	cmd, err := readCmdline(rec.PID)
-	if err != nil || !slices.Equal(cmd, rec.Argv) {
-		return procForeign
-	}
-	return procOurs
-}
-
-// reapOrphans stops the workers of a server whose leader died: a dead TP worker takes
-// the leader down, and survivors would keep their GPU memory from the next launch.
-func (m *Manager) reapOrphans(ctx context.Context, rec *record) {
-	var orphans []int
-	for _, pid := range groupMembers(rec.PGID) {
-		if rec.ServerID != "" && hasEnv(pid, serverIDEnv+"="+rec.ServerID) {
-			orphans = append(orphans, pid)
-		}
-	}
-	if len(orphans) == 0 {
-		return
-	}
-	m.log().Warn("recorded server is gone but its workers remain; stopping them", "pgid", rec.PGID, "pids", orphans)
-	if err := m.stopGroup(ctx, rec.PGID, replaceGrace); err != nil {
-		m.log().Error("orphaned workers survive", "pgid", rec.PGID, "error", err)
-	}
 }
 
 func (m *Manager) adopt(rec *record) *Server {
@@ -422,162 +347,6 @@ func (m *Manager) startupTimeout() time.Duration {
 		return 40 * time.Minute
 	}
 	return m.StartupTimeout
-}
-
-// Stop ends the recorded server if it is ours: SIGTERM to its whole process group, then
-// SIGKILL after grace (or as soon as ctx ends). The record is removed once the group is gone.
-func (m *Manager) Stop(ctx context.Context, grace time.Duration) error {
-	m.op.Lock()
-	defer m.op.Unlock()
-	rec, err := m.readRecord()
-	if err != nil {
-		return err
-	}
-	if rec == nil {
-		// server.json is gone (say its state dir was deleted under the run): the server
-		// this process launched or adopted is still ours to stop, or it would hold the
-		// GPUs with nobody left to stop it.
-		if rec = m.currentRecord(); rec == nil {
-			return nil
-		}
-	}
-	if rec.Launching {
-		m.stopLaunching(ctx, rec)
-		return m.removeRecord()
-	}
-	switch m.identify(rec) {
-	case procOurs:
-		if err := m.stopGroup(ctx, rec.PGID, grace); err != nil {
-			return err
-		}
-	case procForeign:
-		m.log().Warn("recorded pid now belongs to another process; not signalling it", "pid", rec.PID)
-	case procGone:
-		m.reapOrphans(ctx, rec)
-	}
-	return m.removeRecord()
-}
-
-// stopGroup sends SIGTERM to group pgid, waits up to grace for it to empty, then SIGKILLs it.
-func (m *Manager) stopGroup(ctx context.Context, pgid int, grace time.Duration) error {
-	log := m.log().With("pgid", pgid)
-	log.Info("stopping server process group", "grace", grace)
-	if err := syscall.Kill(-pgid, syscall.SIGTERM); errors.Is(err, syscall.ESRCH) {
-		return nil
-	}
-	if waitGroupGone(ctx, pgid, grace) {
-		log.Info("server process group stopped")
-		return nil
-	}
-	log.Warn("server process group outlived its grace; killing it", "pids", groupMembers(pgid))
-	m.killGroup(pgid)
-	if waitGroupGone(context.Background(), pgid, killWait) {
-		return nil
-	}
-	return fmt.Errorf("server process group %d still has pids %v %v after SIGKILL (stuck in the kernel?)", pgid, groupMembers(pgid), killWait)
-}
-
-func (m *Manager) killGroup(pgid int) {
-	if err := syscall.Kill(-pgid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		m.log().Error("kill server process group", "pgid", pgid, "error", err)
-	}
-}
-
-// waitGroupGone polls until group pgid has no live member; false if d or ctx ends first.
-func waitGroupGone(ctx context.Context, pgid int, d time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if len(groupMembers(pgid)) == 0 {
-			return true
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-		}
-	}
-}
-
-// stopLaunching stops the process groups of a server whose launch was interrupted before
-// its pid was recorded, found by the server id in their environment.
-func (m *Manager) stopLaunching(ctx context.Context, rec *record) {
-	groups := map[int]bool{}
-	for _, pid := range listPIDs() {
-		if hasEnv(pid, serverIDEnv+"="+rec.ServerID) {
-			if st, err := readStat(pid); err == nil && !st.dead() {
-				groups[st.pgid] = true
-			}
-		}
-	}
-	for pgid := range groups {
-		m.log().Warn("stopping a server whose launch was interrupted before it was recorded", "pgid", pgid, "server_id", rec.ServerID)
-		if err := m.stopGroup(ctx, pgid, 5*time.Second); err != nil {
-			m.log().Error("interrupted launch survives", "pgid", pgid, "error", err)
-		}
-	}
-}
-
-// currentRecord describes the server this Manager launched or adopted, for when its
-// record on disk is lost; nil when there is none.
-func (m *Manager) currentRecord() *record {
-	m.mu.Lock()
-	cur := m.cur
-	m.mu.Unlock()
-	if cur == nil {
-		return nil
-	}
-	boot, err := bootID()
-	if err != nil {
-		return nil
-	}
-	return &record{PID: cur.PID, PGID: cur.PGID, ServerID: cur.ServerID, StartTime: cur.StartTime, BootID: boot, Port: cur.Port, Fingerprint: cur.Fingerprint, Argv: cur.Argv}
-}
-
-func (m *Manager) readRecord() (*record, error) {
-	b, err := os.ReadFile(m.recordPath())
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("read server record: %w", err)
-	}
-	var rec record
-	if err := json.Unmarshal(b, &rec); err == nil && rec.Launching && rec.ServerID != "" {
-		return &rec, nil
-	}
-	if err := json.Unmarshal(b, &rec); err != nil || rec.PID <= 0 || rec.PGID <= 0 {
-		// Written by rename, so this is not a torn write but a foreign edit: it proves
-		// nothing about any process, and the port check guards the launch.
-		m.log().Warn("server record is unreadable; ignoring it", "record", m.recordPath(), "error", err)
-		return nil, nil
-	}
-	return &rec, nil
-}
-
-// writeRecord replaces server.json atomically and durably: tmp, fsync, rename, fsync dir.
-func (m *Manager) writeRecord(rec *record) error {
-	b, err := json.MarshalIndent(rec, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.WriteFile(m.recordPath(), append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("server record: %w", err)
-	}
-	return nil
-}
-
-func (m *Manager) removeRecord() error {
-	if err := os.Remove(m.recordPath()); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove server record: %w", err)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	// Exited stays: it still closes when the server that was current is gone.
-	m.cur = nil
-	return nil
 }
 
 // logTail returns the last lines of the server log written since offset, indented.

@@ -165,20 +165,7 @@ func freePort(t *testing.T) int {
 
 // stopRecordedServer kills the server a test left behind, by its recorded process group.
 func stopRecordedServer(stateDir string) {
-	b, err := os.ReadFile(filepath.Join(stateDir, "server.json"))
-	if err != nil {
-		return
-	}
-	var rec struct {
-		PGID int `json:"pgid"`
-	}
-	if json.Unmarshal(b, &rec) == nil && rec.PGID > 1 {
-		syscall.Kill(-rec.PGID, syscall.SIGKILL)
-		// As after a real crash, the next run starts once the processes are gone.
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && syscall.Kill(-rec.PGID, 0) == nil; {
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
+	stopRecordedServerFile(filepath.Join(stateDir, "server.json"))
 }
 
 // command prepares `extract args...` with the job's config and env.

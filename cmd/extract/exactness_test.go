@@ -22,8 +22,11 @@ func (j *job) withEnv(extra []string, fn func()) {
 }
 
 // stagedDumps lists the complete dumps in the staging dir.
-func (j *job) stagedDumps() []shm.RID {
-	entries, _ := os.ReadDir(j.shmDir)
+func (j *job) stagedDumps() []shm.RID { return dumpsIn(j.shmDir) }
+
+// dumpsIn lists the complete dumps (regular files under a dump name) in dir.
+func dumpsIn(dir string) []shm.RID {
+	entries, _ := os.ReadDir(dir)
 	var rids []shm.RID
 	for _, e := range entries {
 		if rid, ok := shm.ParseDumpName(e.Name()); ok && e.Type().IsRegular() {

@@ -268,12 +268,7 @@ func (j *job) stagedDumpsEverywhere() []shm.RID {
 	rids := j.stagedDumps()
 	subs, _ := filepath.Glob(filepath.Join(j.shmDir, "r*"))
 	for _, dir := range subs {
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			if rid, ok := shm.ParseDumpName(e.Name()); ok && e.Type().IsRegular() {
-				rids = append(rids, rid)
-			}
-		}
+		rids = append(rids, dumpsIn(dir)...)
 	}
 	return rids
 }
