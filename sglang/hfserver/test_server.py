@@ -8,6 +8,7 @@ Run from this folder: python3 -m unittest (needs torch; skips without it).
 import concurrent.futures
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -156,6 +157,25 @@ class ServerTest(unittest.TestCase):
             marker = json.load(f)
         self.assertEqual((marker["pid"], marker["protocol"], marker["layers"], marker["model"]),
                          (self.proc.pid, "1", "1,2,3", "/models/tiny"))
+
+    def test_connections_queue_while_the_server_cannot_accept(self):
+        # A stopped server accepts nothing: the kernel completes as many handshakes as the
+        # listen backlog holds (socketserver's default: 5) and leaves the rest waiting.
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        socks = []
+        try:
+            for _ in range(64):
+                s = socket.socket()
+                s.settimeout(0.5)
+                socks.append(s)
+                s.connect(("127.0.0.1", self.port))
+        except OSError as e:
+            self.fail(f"connection {len(socks)} of 64 not queued while the server was stopped: {e}")
+        finally:
+            os.kill(self.proc.pid, signal.SIGCONT)
+            for s in socks:
+                s.close()
+        self.assertEqual(self.get("/health")[0], 200)
 
     def test_concurrent_requests_are_batched_and_each_dump_is_exact(self):
         import tinymodel

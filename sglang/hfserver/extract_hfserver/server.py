@@ -370,6 +370,18 @@ def parse_args(argv):
     return p.parse_args(argv)
 
 
+class Listener(ThreadingHTTPServer):
+    """ThreadingHTTPServer with a listen backlog that holds a whole admission window.
+
+    socketserver's default backlog is 5: the orchestrator opens up to max_inflight
+    connections at once, and while the GIL is busy with a batch the accept thread falls
+    behind, the queue overflows and clients see resets. SGLang's uvicorn listens with 2048.
+    """
+
+    request_queue_size = 2048
+    daemon_threads = True
+
+
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -380,8 +392,7 @@ def main(argv=None):
     # Listen before loading, as SGLang does not: a probe gets 503 "loading" rather than a
     # refused connection, and the orchestrator tells a slow load from a dead server.
     Handler.engine = engine
-    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
-    httpd.daemon_threads = True
+    httpd = Listener((args.host, args.port), Handler)
     threading.Thread(target=httpd.serve_forever, name="http", daemon=True).start()
     log.info("listening on %s:%d; loading %s", args.host, args.port, args.model_path)
     started = time.monotonic()
