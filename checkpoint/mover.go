@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/extract-dev/extract/internal/safetensors"
 )
@@ -84,8 +85,11 @@ type Mover struct {
 	OutputDir string
 	// Layout is the output format; its Dir defaults to OutputDir, its Format to safetensors.
 	Layout Layout
-	// BufferSize is the copy chunk; 0 means 1 MiB. Memory use does not depend on dump size.
+	// BufferSize is the copy memory of one move, two chunks of half of it (one being
+	// read while the other is written); 0 means 2 MiB. It does not grow with the dump.
 	BufferSize int
+
+	buffers sync.Pool // of *[]byte of BufferSize: small dumps would otherwise zero 2 MiB each
 }
 
 // dump is a validated dump.
@@ -99,56 +103,96 @@ type dump struct {
 
 // Move validates the dump src against want and writes the sample's output: to a temp
 // file, fsynced, renamed to OutputPath, directory fsynced. It leaves the dump in place;
-// the caller deletes it once the index commit is durable.
+// the caller deletes it once the index commit is durable. Move is Stage then Commit.
+func (m *Mover) Move(ctx context.Context, src *os.File, dumpPath string, want Expect) (Moved, error) {
+	st, err := m.Stage(ctx, src, dumpPath, want)
+	if err != nil {
+		return Moved{}, err
+	}
+	return st.Commit()
+}
+
+// Staged is a sample whose output is written under its temp name and not yet durable.
+type Staged struct {
+	file   *pendingFile
+	moved  Moved
+	sample int
+}
+
+// Commit makes the output durable under its final name (fsync, rename, fsync the
+// directory) and says what was written. On an error the caller may Stage the dump again.
+func (s *Staged) Commit() (Moved, error) {
+	if err := s.file.commit(); err != nil {
+		return Moved{}, fmt.Errorf("sample %d: %w", s.sample, err)
+	}
+	return s.moved, nil
+}
+
+// Abort removes the temp file of a sample that will not be committed.
+func (s *Staged) Abort() { s.file.abort() }
+
+// Stage validates the dump src against want and writes the sample's output under its
+// temp name, without an fsync. Staging is CPU and memory bound and Commit waits on the
+// disk, so the caller may run few stages and many commits at once.
 //
 // The caller opens the staging file itself (lstat, O_NOFOLLOW|O_NONBLOCK, fstat: the
 // staging dir is world-writable) and hands it over; dumpPath only names it in errors.
-// Move never opens dumpPath, reads src only by offset (its file position does not
+// Stage never opens dumpPath, reads src only by offset (its file position does not
 // matter), and reads nothing beyond src's size at the time of its fstat.
-func (m *Mover) Move(ctx context.Context, src *os.File, dumpPath string, want Expect) (Moved, error) {
+func (m *Mover) Stage(ctx context.Context, src *os.File, dumpPath string, want Expect) (*Staged, error) {
 	if err := ctx.Err(); err != nil {
-		return Moved{}, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
+		return nil, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
 	}
 	if err := want.check(); err != nil {
-		return Moved{}, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
+		return nil, fmt.Errorf("sample %d: move %s: %w", want.Sample, dumpPath, err)
 	}
 	st, err := src.Stat()
 	if err != nil {
-		return Moved{}, fmt.Errorf("sample %d: stat dump %s: %w", want.Sample, dumpPath, err)
+		return nil, fmt.Errorf("sample %d: stat dump %s: %w", want.Sample, dumpPath, err)
 	}
 	if !st.Mode().IsRegular() {
-		return Moved{}, &DumpError{Path: dumpPath, Reason: fmt.Sprintf("not a regular file (%s)", st.Mode().Type())}
+		return nil, &DumpError{Path: dumpPath, Reason: fmt.Sprintf("not a regular file (%s)", st.Mode().Type())}
 	}
-	size := m.BufferSize
-	if size <= 0 {
-		size = 1 << 20
-	}
-	// Whole int64s, so that input_ids compare chunk by chunk.
-	buf := make([]byte, max(size/8*8, 8))
+	buf := m.buffer()
+	defer m.buffers.Put(buf)
 
 	// Every read goes through this window: a dump that grows after the fstat (a writer
 	// still at it, or an attacker) cannot make the mover read more than it sized.
 	win := io.NewSectionReader(src, 0, st.Size())
-	d, err := checkDump(ctx, win, dumpPath, st.Size(), want, buf)
+	d, err := checkDump(ctx, win, dumpPath, st.Size(), want, *buf)
 	if err != nil {
 		if _, bad := errors.AsType[*DumpError](err); bad {
-			return Moved{}, err
+			return nil, err
 		}
-		return Moved{}, fmt.Errorf("sample %d: check dump %s: %w", want.Sample, dumpPath, err)
+		return nil, fmt.Errorf("sample %d: check dump %s: %w", want.Sample, dumpPath, err)
 	}
 	l := m.layout()
 	final := l.Path(want.Sample)
-	n, sum, err := writeSample(ctx, l, final, d.sample(win, want), buf)
+	p, n, sum, err := createSample(ctx, l, final, d.sample(win, want), *buf)
 	if err != nil {
 		if _, bad := errors.AsType[*DumpError](err); bad {
-			return Moved{}, err
+			return nil, err
 		}
-		return Moved{}, fmt.Errorf("sample %d: %w", want.Sample, err)
+		return nil, fmt.Errorf("sample %d: %w", want.Sample, err)
 	}
-	return Moved{
+	return &Staged{file: p, moved: Moved{
 		Path: final, Bytes: n, CRC32C: sum, Tokens: int(d.tokens),
 		Layers: d.layers, Model: d.model, HookVersion: d.hook, Protocol: protocolVersion,
-	}, nil
+	}, sample: want.Sample}, nil
+}
+
+// buffer takes a copy buffer from the pool: whole int64s, so that input_ids compare
+// chunk by chunk.
+func (m *Mover) buffer() *[]byte {
+	if b, ok := m.buffers.Get().(*[]byte); ok {
+		return b
+	}
+	size := m.BufferSize
+	if size <= 0 {
+		size = 2 << 20
+	}
+	b := make([]byte, max(size/16*16, 16))
+	return &b
 }
 
 // checkDump applies every check of dump protocol v1 before anything is written, so a
@@ -304,6 +348,7 @@ func (d *dump) sample(src io.ReaderAt, want Expect) *sample {
 	return &sample{
 		T: d.tokens, H: d.hiddenSize,
 		ids:      segment{src, at + d.ids.Begin, d.ids.Len()},
+		idVals:   want.InputIDs,
 		hidden:   segment{src, at + d.hidden.Begin, d.hidden.Len()},
 		aux:      segment{src, at + d.aux.Begin, d.aux.Len()},
 		maskVals: want.LossMask,
@@ -324,26 +369,4 @@ func (d *dump) sample(src io.ReaderAt, want Expect) *sample {
 			"config_fingerprint":  want.ConfigFingerprint,
 		},
 	}
-}
-
-// writeLossMask writes the dataset's loss mask, or T ones, as little-endian int64.
-func writeLossMask(ctx context.Context, w io.Writer, mask []int64, T int64, buf []byte) error {
-	per := int64(len(buf) / 8)
-	for pos := int64(0); pos < T; pos += per {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		n := min(per, T-pos)
-		for i := range n {
-			v := int64(1)
-			if mask != nil {
-				v = mask[pos+i]
-			}
-			binary.LittleEndian.PutUint64(buf[i*8:], uint64(v))
-		}
-		if _, err := w.Write(buf[:n*8]); err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -29,15 +29,14 @@ type segment struct {
 // sample is what every format's writer streams from: the four tensors of one sample,
 // T tokens of width H, read in chunks so that memory does not grow with T.
 type sample struct {
-	T, H           int64
-	ids            segment
-	mask           *segment // nil: the values in maskVals (nil there: all ones)
-	maskVals       []int64
-	hidden, aux    segment
-	readErr        func(off int64, err error) error // says whose read failed (a dump's: DumpError)
-	md             map[string]string                // extract's metadata, crc32c filled in by the writer
-	zipCRCs        [4]uint32                        // filled by prepass, for gzip
-	crc32cPrepared uint32
+	T, H        int64
+	ids         segment
+	idVals      []int64  // non-nil: input_ids written from these (checked equal to the source's)
+	mask        *segment // nil: the values in maskVals (nil there: all ones)
+	maskVals    []int64
+	hidden, aux segment
+	readErr     func(off int64, err error) error // says whose read failed (a dump's: DumpError)
+	md          map[string]string                // extract's metadata, crc32c filled in by the writer
 }
 
 // extractRecord is the record torch ignores that carries extract's metadata in a torch zip.
@@ -51,21 +50,35 @@ var gzipExtraID = [2]byte{'E', 'X'}
 // directory fsynced. It returns the file's size and the crc32c of its tensor bytes in
 // canonical order (input_ids, loss_mask, hidden, aux: the same in every format).
 func writeSample(ctx context.Context, l Layout, final string, s *sample, buf []byte) (size int64, sum uint32, err error) {
+	p, size, sum, err := createSample(ctx, l, final, s, buf)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := p.commit(); err != nil {
+		return 0, 0, err
+	}
+	return size, sum, nil
+}
+
+// pendingFile is an output written under its temp name and not yet durable.
+type pendingFile struct {
+	f          *os.File
+	tmp, final string
+}
+
+// createSample writes s into a temp file beside final, without fsync: commit makes it
+// durable, abort takes it away. The copy is CPU and memory bound and the fsync is not,
+// so a caller may run few copies and many commits at once (the orchestrator's movers).
+func createSample(ctx context.Context, l Layout, final string, s *sample, buf []byte) (p *pendingFile, size int64, sum uint32, err error) {
 	tmp := tempPath(final)
 	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return 0, 0, err
+		return nil, 0, 0, err
 	}
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return 0, 0, fmt.Errorf("create %s: %w", tmp, err)
+		return nil, 0, 0, fmt.Errorf("create %s: %w", tmp, err)
 	}
-	renamed := false
-	defer func() {
-		if !renamed {
-			_ = f.Close()
-			_ = os.Remove(tmp)
-		}
-	}()
+	p = &pendingFile{f: f, tmp: tmp, final: final}
 	switch {
 	case l.format() == FormatSafetensors:
 		size, sum, err = writeSafetensors(ctx, f, s, buf)
@@ -75,90 +88,39 @@ func writeSample(ctx context.Context, l Layout, final string, s *sample, buf []b
 		size, sum, err = writeTorch(ctx, l, f, s, buf)
 	}
 	if err != nil {
+		p.abort()
 		if _, bad := errors.AsType[*DumpError](err); bad {
-			return 0, 0, err
+			return nil, 0, 0, err
 		}
-		return 0, 0, fmt.Errorf("write %s: %w", tmp, err)
+		return nil, 0, 0, fmt.Errorf("write %s: %w", tmp, err)
 	}
-	if err := atomicfile.Sync(f); err != nil {
-		return 0, 0, fmt.Errorf("fsync %s: %w", tmp, err)
+	return p, size, sum, nil
+}
+
+// commit fsyncs the file, renames it to its final name and fsyncs the directory. A
+// failure before the rename removes the temp file.
+func (p *pendingFile) commit() error {
+	if err := atomicfile.Sync(p.f); err != nil {
+		p.abort()
+		return fmt.Errorf("fsync %s: %w", p.tmp, err)
 	}
-	if err := f.Close(); err != nil {
-		return 0, 0, fmt.Errorf("close %s: %w", tmp, err)
+	if err := p.f.Close(); err != nil {
+		_ = os.Remove(p.tmp)
+		return fmt.Errorf("close %s: %w", p.tmp, err)
 	}
-	if err := os.Rename(tmp, final); err != nil {
-		return 0, 0, fmt.Errorf("rename %s: %w", tmp, err)
+	if err := os.Rename(p.tmp, p.final); err != nil {
+		_ = os.Remove(p.tmp)
+		return fmt.Errorf("rename %s: %w", p.tmp, err)
 	}
-	renamed = true
 	// The file under its final name is complete either way; without a durable directory
 	// entry the caller must not commit, and its retry overwrites the file.
-	if err := atomicfile.SyncDir(filepath.Dir(final)); err != nil {
-		return 0, 0, err
-	}
-	return size, sum, nil
+	return atomicfile.SyncDir(filepath.Dir(p.final))
 }
 
-// streamTensors writes the four tensors in canonical order, each to the writer next
-// gives for it (a zip record, or one writer for all).
-func streamTensors(ctx context.Context, s *sample, next func(i int, n int64) (io.Writer, error), buf []byte) error {
-	sizes := s.sizes()
-	for i := range 4 {
-		w, err := next(i, sizes[i])
-		if err != nil {
-			return err
-		}
-		switch {
-		case i == 1 && s.mask == nil:
-			err = writeLossMask(ctx, w, s.maskVals, s.T, buf)
-		case i == 1:
-			err = s.copy(ctx, w, *s.mask, buf)
-		default:
-			err = s.copy(ctx, w, [4]segment{s.ids, {}, s.hidden, s.aux}[i], buf)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *sample) sizes() [4]int64 {
-	return [4]int64{8 * s.T, 8 * s.T, 2 * s.T * s.H, 2 * s.T * 3 * s.H}
-}
-
-// copy copies a segment, checking ctx between chunks. A short read means the source
-// changed under us: readErr says whose fault that is.
-func (s *sample) copy(ctx context.Context, w io.Writer, seg segment, buf []byte) error {
-	off, n := seg.off, seg.n
-	for n > 0 {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		chunk := buf[:min(n, int64(len(buf)))]
-		if _, err := seg.r.ReadAt(chunk, off); err != nil {
-			return s.readErr(off, err)
-		}
-		if _, err := w.Write(chunk); err != nil {
-			return err
-		}
-		off += int64(len(chunk))
-		n -= int64(len(chunk))
-	}
-	return nil
-}
-
-// crcWriter hashes what passes through into crc32c and counts it.
-type crcWriter struct {
-	w   io.Writer
-	sum uint32
-	n   int64
-}
-
-func (c *crcWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.sum = crc32.Update(c.sum, castagnoli, p[:n])
-	c.n += int64(n)
-	return n, err
+// abort closes and removes the temp file.
+func (p *pendingFile) abort() {
+	_ = p.f.Close()
+	_ = os.Remove(p.tmp)
 }
 
 func writeSafetensors(ctx context.Context, f *os.File, s *sample, buf []byte) (int64, uint32, error) {
@@ -182,14 +144,14 @@ func writeSafetensors(ctx context.Context, f *os.File, s *sample, buf []byte) (i
 	if _, err := f.Write(hdr); err != nil {
 		return 0, 0, err
 	}
-	out := &crcWriter{w: f}
-	if err := streamTensors(ctx, s, func(int, int64) (io.Writer, error) { return out, nil }, buf); err != nil {
+	sum, n, err := streamTensors(ctx, s, func(int, int64) (io.Writer, error) { return f, nil }, buf, false)
+	if err != nil {
 		return 0, 0, err
 	}
-	if _, err := f.WriteAt([]byte(fmt.Sprintf("%08x", out.sum)), int64(crcAt)); err != nil {
+	if _, err := f.WriteAt([]byte(fmt.Sprintf("%08x", sum)), int64(crcAt)); err != nil {
 		return 0, 0, fmt.Errorf("patch crc32c: %w", err)
 	}
-	return int64(len(hdr)) + out.n, out.sum, nil
+	return int64(len(hdr)) + n, sum, nil
 }
 
 // torchTensors is the dict a torch-format file holds: storages 0..3 in canonical order.
@@ -226,16 +188,13 @@ func writeZip(ctx context.Context, l Layout, z *torchzip.Writer, s *sample, buf 
 	if err := z.WriteRecord(zipPrefix+"data.pkl", torchzip.EncodeDict(torchTensors(l, s.T, s.H))); err != nil {
 		return 0, err
 	}
-	out := &crcWriter{}
-	err := streamTensors(ctx, s, func(i int, n int64) (io.Writer, error) {
+	sum, _, err := streamTensors(ctx, s, func(i int, n int64) (io.Writer, error) {
 		var want *uint32
 		if crcs != nil {
 			want = &crcs[i]
 		}
-		r, err := z.Create(zipPrefix+"data/"+strconv.Itoa(i), n, want)
-		out.w = r
-		return out, err
-	}, buf)
+		return z.Create(zipPrefix+"data/"+strconv.Itoa(i), n, want)
+	}, buf, true)
 	if err != nil {
 		return 0, err
 	}
@@ -243,7 +202,7 @@ func writeZip(ctx context.Context, l Layout, z *torchzip.Writer, s *sample, buf 
 	for k, v := range s.md {
 		md[k] = v
 	}
-	md["crc32c"] = fmt.Sprintf("%08x", out.sum)
+	md["crc32c"] = fmt.Sprintf("%08x", sum)
 	js, err := json.Marshal(md)
 	if err != nil {
 		return 0, err
@@ -255,7 +214,7 @@ func writeZip(ctx context.Context, l Layout, z *torchzip.Writer, s *sample, buf 
 			return 0, err
 		}
 	}
-	return out.sum, z.Close()
+	return sum, z.Close()
 }
 
 // writeTorchGzip writes a torch zip inside gzip, as SpecForge's compress option does.
@@ -264,13 +223,9 @@ func writeZip(ctx context.Context, l Layout, z *torchzip.Writer, s *sample, buf 
 // verify reads it without decompressing the file.
 func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []byte) (int64, uint32, error) {
 	var crcs [4]uint32
-	all := &crcWriter{w: io.Discard}
-	err := streamTensors(ctx, s, func(i int, _ int64) (io.Writer, error) {
-		return io.MultiWriter(all, writerFunc(func(p []byte) (int, error) {
-			crcs[i] = crc32.Update(crcs[i], crc32.IEEETable, p)
-			return len(p), nil
-		})), nil
-	}, buf)
+	all, _, err := streamTensors(ctx, s, func(i int, _ int64) (io.Writer, error) {
+		return crcOnly{&crcs[i]}, nil
+	}, buf, true)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -278,7 +233,7 @@ func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []
 	for k, v := range s.md {
 		md[k] = v
 	}
-	md["crc32c"] = fmt.Sprintf("%08x", all.sum)
+	md["crc32c"] = fmt.Sprintf("%08x", all)
 	js, err := json.Marshal(md)
 	if err != nil {
 		return 0, 0, err
@@ -300,7 +255,7 @@ func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []
 	if err != nil {
 		return 0, 0, err
 	}
-	if sum != all.sum {
+	if sum != all {
 		return 0, 0, s.readErr(0, errors.New("source changed between passes"))
 	}
 	if err := gz.Close(); err != nil {
@@ -312,9 +267,18 @@ func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []
 	return cw.n, sum, nil
 }
 
-type writerFunc func([]byte) (int, error)
+// crcOnly keeps the CRC-32 (IEEE) the reader computed for one record and writes nothing.
+type crcOnly struct{ sum *uint32 }
 
-func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+func (c crcOnly) Write(p []byte) (int, error) {
+	*c.sum = crc32.Update(*c.sum, crc32.IEEETable, p)
+	return len(p), nil
+}
+
+func (c crcOnly) WriteSummed(p []byte, sum uint32) (int, error) {
+	*c.sum = sum
+	return len(p), nil
+}
 
 type countWriter struct {
 	w io.Writer

@@ -61,6 +61,7 @@ type job struct {
 	sent       chan sendResult
 	moved      chan moveResult
 	moveJobs   chan moveJob
+	copySlots  chan struct{} // one per run.movers: the copies under way
 	movers     atomic.Int32  // movers still running
 	moversDone chan struct{} // closed by the last mover to exit
 	health     chan healthResult
@@ -123,7 +124,8 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		metrics:     newMetrics(),
 		dumps:       make(chan shm.Dump, 64),
 		sent:        make(chan sendResult, cfg.Run.MaxInflight),
-		moved:       make(chan moveResult, cfg.Run.MaxInflight+cfg.Run.Movers),
+		moved:       make(chan moveResult, moverGoroutines(cfg)),
+		copySlots:   make(chan struct{}, cfg.Run.Movers),
 		moveJobs:    make(chan moveJob),
 		moversDone:  make(chan struct{}),
 		health:      make(chan healthResult, cfg.Server.Replicas),
@@ -228,8 +230,8 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	j.workers = workers{ctx: work, cancel: stopWork, failed: make(chan error, 1)}
 	defer j.workers.stop()
-	j.movers.Store(int32(j.cfg.Run.Movers))
-	for range j.cfg.Run.Movers {
+	j.movers.Store(int32(moverGoroutines(j.cfg)))
+	for range moverGoroutines(j.cfg) {
 		j.workers.start("mover", j.moverLoop)
 	}
 	// Leftovers are routed before anything is admitted: admission would start new

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -32,6 +33,16 @@ type storeRetry struct {
 
 // storeRetryDelay is how long a dump that could not be stored waits before the next try.
 const storeRetryDelay = 2 * time.Second
+
+// commitsBeyondCopies is how many moved samples may wait on their fsyncs and index
+// commit while run.movers others copy. Those waits are disk latency, not work: with
+// more of them in flight one journal commit and one index transaction carry many
+// samples (docs/performance.md, figure 2).
+const commitsBeyondCopies = 32
+
+// moverGoroutines is how many goroutines move dumps: run.movers copying at once, and
+// the rest waiting on the disk.
+func moverGoroutines(cfg *configs.Config) int { return cfg.Run.Movers + commitsBeyondCopies }
 
 // moverLoop moves dumps and commits them: file durable, then index, then the staging
 // file removed (invariant 1).
@@ -81,11 +92,23 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 		return checkpoint.Moved{}, err
 	}
 	defer src.Close()
-	moved, err := j.mover.Move(ctx, src, d.Path, checkpoint.Expect{
+	// run.movers copies at once; the fsyncs and the index commit that follow wait on
+	// the disk, not the CPU, and overlap with the next copies.
+	select {
+	case j.copySlots <- struct{}{}:
+	case <-ctx.Done():
+		return checkpoint.Moved{}, ctx.Err()
+	}
+	staged, err := j.mover.Stage(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
 		DatasetFingerprint: j.ds.Fingerprint, ConfigFingerprint: j.cfg.Fingerprint(),
 		HiddenSize: j.cfg.HiddenSize(), Layers: j.cfg.LayersString(), Model: j.cfg.ServedModel(),
 	})
+	<-j.copySlots
+	if err != nil {
+		return checkpoint.Moved{}, err
+	}
+	moved, err := staged.Commit()
 	if err != nil {
 		return moved, err
 	}

@@ -40,11 +40,17 @@ func (j *job) admit() error {
 		a.paused = append(a.paused, "cannot store dumps: "+j.storeFailing)
 		return nil
 	}
-	// Every flight counts until its move lands, and a landed move is taken off diskFree
-	// at once (onMoved): between two measurements the estimate never runs behind the disk.
+	// Every flight's bytes count until its move lands, and a landed move is taken off
+	// diskFree at once (onMoved): between two measurements the estimate never runs behind
+	// the disk. The window counts only requests whose dump has not arrived: a dump being
+	// moved holds staging (shm_budget), not the server, which must not wait on our fsyncs.
 	var reserved int64
+	awaiting := 0
 	for _, f := range j.inflight {
 		reserved += f.expected
+		if !f.moving {
+			awaiting++
+		}
 	}
 	skip := func(s int) bool {
 		_, busy := j.inflight[s]
@@ -55,7 +61,7 @@ func (j *job) admit() error {
 	var batch []int
 	var to []*replica
 	now := time.Now()
-	for len(j.inflight)+len(batch) < j.cfg.Run.MaxInflight {
+	for awaiting+len(batch) < j.cfg.Run.MaxInflight {
 		s, fromRetry := a.next(now, skip)
 		if s < 0 {
 			break

@@ -150,6 +150,7 @@ if [ "$ONLY_REPLICAS" = 1 ]; then
 	exit 0
 fi
 T mover -rounds 3 -tmpfs
+T mover -rounds 3 -tmpfs -format specforge
 echo "== figure 2: 256 KiB dumps through validate, move, fsync, index"
 T small -n 2000
 T e2e "${X[@]}" -fig 2 -n 2000 -tokens-lo 32 -tokens-hi 32 -hidden 1024 -label "small dumps"

@@ -38,6 +38,10 @@ type Stats struct {
 	Boots, FileSyncs, DirSyncs int
 }
 
+// SetSyncDelay makes every later fsync take d, like a slow disk: what waits on the
+// disk shows in a test's timing.
+func (f *FS) SetSyncDelay(d time.Duration) { f.m.syncDelay.Store(int64(d)) }
+
 // Stats returns the counters so far.
 func (f *FS) Stats() Stats {
 	f.m.mu.Lock()

@@ -37,6 +37,7 @@ package lazyfs
 import (
 	"maps"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -73,6 +74,9 @@ type model struct {
 
 	// counters for test logs
 	fileSyncs, dirSyncs uint64
+
+	// syncDelay (nanoseconds) is how long every fsync takes: a slow disk's latency.
+	syncDelay atomic.Int64
 }
 
 func newModel() *model {

@@ -25,7 +25,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"hash/crc32"
 	"io"
 	"math"
@@ -84,7 +83,7 @@ func (z *Writer) Offset() int64 { return z.off }
 type Record struct {
 	z        *Writer
 	e        *entry
-	crc      hash.Hash32
+	crc      uint32 // CRC-32 (IEEE) of the data so far
 	left     int64
 	known    bool
 	localCRC int64 // offset of the local header's CRC field
@@ -164,7 +163,7 @@ func (z *Writer) Create(name string, size int64, crc *uint32) (*Record, error) {
 		return nil, err
 	}
 	z.entries = append(z.entries, e)
-	z.cur = &Record{z: z, e: &z.entries[len(z.entries)-1], crc: crc32.NewIEEE(), left: size, known: crc != nil, localCRC: e.offset + 14}
+	z.cur = &Record{z: z, e: &z.entries[len(z.entries)-1], left: size, known: crc != nil, localCRC: e.offset + 14}
 	return z.cur, nil
 }
 
@@ -174,7 +173,19 @@ func (r *Record) Write(p []byte) (int, error) {
 		return 0, fmt.Errorf("torchzip: record %s: %d bytes past its declared size", r.e.name, int64(len(p))-r.left)
 	}
 	err := r.z.write(p)
-	r.crc.Write(p)
+	r.crc = crc32.Update(r.crc, crc32.IEEETable, p)
+	r.left -= int64(len(p))
+	return len(p), err
+}
+
+// WriteSummed is Write for a caller that hashes on another goroutine: sum is the
+// record's CRC-32 (IEEE) with p folded in, which the record takes instead of hashing p.
+func (r *Record) WriteSummed(p []byte, sum uint32) (int, error) {
+	if int64(len(p)) > r.left {
+		return 0, fmt.Errorf("torchzip: record %s: %d bytes past its declared size", r.e.name, int64(len(p))-r.left)
+	}
+	err := r.z.write(p)
+	r.crc = sum
 	r.left -= int64(len(p))
 	return len(p), err
 }
@@ -184,7 +195,7 @@ func (r *Record) finish() error {
 	if r.left != 0 {
 		return fmt.Errorf("torchzip: record %s: %d bytes short of its declared size", r.e.name, r.left)
 	}
-	sum := r.crc.Sum32()
+	sum := r.crc
 	if r.known {
 		if sum != r.e.crc {
 			return fmt.Errorf("torchzip: record %s: CRC-32 %08x, declared %08x (the source changed)", r.e.name, sum, r.e.crc)

@@ -181,6 +181,9 @@ func cmdMover(args []string) error {
 	if *tmpfs {
 		base, cpName, prefix = filepath.Join(c.shm, "mover-out"), "cp tmpfs → tmpfs", "tmpfs → tmpfs: "
 	}
+	if moverFormat != "" {
+		prefix += moverFormat + " format: "
+	}
 	defer os.RemoveAll(stage)
 	defer settle(base)
 	dumps, err := stageDumps(stage, 0, *n, *tokens, *hidden)
