@@ -50,14 +50,7 @@ type powerRig struct {
 
 func newPowerRig(t *testing.T, bin string, n, tokensPerSecond int) *powerRig {
 	t.Helper()
-	mnt := t.TempDir()
-	disk := lazyfs.New()
-	if err := disk.Mount(mnt); err != nil {
-		if errors.Is(err, lazyfs.ErrUnavailable) {
-			t.Skipf("power-cut test needs a FUSE mount: %v", err)
-		}
-		t.Fatal(err)
-	}
+	disk, mnt := mountLazyDisk(t)
 	j := newJob(t, n, tokensPerSecond)
 	// Both dirs are created by extract itself on the "disk": whatever it forgets to
 	// fsync on the way is lost at the first cut.
@@ -70,13 +63,28 @@ func newPowerRig(t *testing.T, bin string, n, tokensPerSecond int) *powerRig {
 	}
 	t.Logf("power-cut seed %d (rerun with -powercut-seed %d)", seed, seed)
 	r := &powerRig{t: t, j: j, disk: disk, mnt: mnt, bin: bin, rng: rand.New(rand.NewSource(seed))}
+	t.Cleanup(func() { r.killServers() }) // before the unmount: cleanups run last first
+	return r
+}
+
+// mountLazyDisk mounts an empty lazyfs disk for the test, or skips the test where FUSE
+// cannot be mounted.
+func mountLazyDisk(t *testing.T) (*lazyfs.FS, string) {
+	t.Helper()
+	mnt := t.TempDir()
+	disk := lazyfs.New()
+	if err := disk.Mount(mnt); err != nil {
+		if errors.Is(err, lazyfs.ErrUnavailable) {
+			t.Skipf("needs a FUSE mount: %v", err)
+		}
+		t.Fatal(err)
+	}
 	t.Cleanup(func() {
-		r.killServers()
 		if err := disk.Unmount(); err != nil {
 			t.Errorf("unmount lazyfs: %v", err)
 		}
 	})
-	return r
+	return disk, mnt
 }
 
 // command is j.command with the rig's binary, in its own process group so that a cut
