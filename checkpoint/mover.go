@@ -128,12 +128,10 @@ func (s *Staged) Commit() (Moved, error) {
 	return s.moved, nil
 }
 
-// Abort removes the temp file of a sample that will not be committed.
-func (s *Staged) Abort() { s.file.abort() }
-
 // Stage validates the dump src against want and writes the sample's output under its
 // temp name, without an fsync. Staging is CPU and memory bound and Commit waits on the
-// disk, so the caller may run few stages and many commits at once.
+// disk, so the caller may run few stages and many commits at once. The temp name is the
+// sample's: stage a sample again only after its Commit returned.
 //
 // The caller opens the staging file itself (lstat, O_NOFOLLOW|O_NONBLOCK, fstat: the
 // staging dir is world-writable) and hands it over; dumpPath only names it in errors.

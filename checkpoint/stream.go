@@ -40,6 +40,7 @@ func streamTensors(ctx context.Context, s *sample, next func(i int, n int64) (io
 	var w io.Writer
 	var summed summedWriter
 	var writeErr error
+	stopped := false
 	cur := -1
 	for c := range full {
 		if writeErr == nil && c.tensor != cur {
@@ -58,9 +59,10 @@ func streamTensors(ctx context.Context, s *sample, next func(i int, n int64) (io
 				k, writeErr = w.Write(c.b)
 			}
 			n += int64(k)
-			if writeErr != nil {
-				close(quit) // the reader stops at its next chunk
-			}
+		}
+		if writeErr != nil && !stopped {
+			close(quit) // the reader stops at its next chunk
+			stopped = true
 		}
 		free <- c.b[:cap(c.b)] // never blocks: only two buffers exist
 	}
@@ -130,6 +132,8 @@ func (s *sample) produce(ctx context.Context, free <-chan []byte, full chan<- ch
 // from memory; the rest is read from the source.
 func (s *sample) fill(i int, off int64, b []byte) error {
 	switch {
+	case len(b) == 0:
+		return nil
 	case i == 0 && s.idVals != nil:
 		putInt64s(b, s.idVals[off/8:])
 		return nil

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"hash/crc32"
 	"io"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -112,5 +114,52 @@ func TestStreamReturnsTheReadErrorOfATruncatedSource(t *testing.T) {
 	}, make([]byte, 512), false)
 	if _, ok := errors.AsType[*DumpError](err); !ok {
 		t.Fatalf("err = %v, want a DumpError (the dump is short)", err)
+	}
+}
+
+func TestStreamStopsReadingOnceARecordCannotBeOpened(t *testing.T) {
+	r := &countingReader{}
+	s := streamSample(r, 1024, 1024)
+	errCreate := errors.New("create record 2: no space left on device")
+	_, _, err := streamTensors(context.Background(), s, func(i int, _ int64) (io.Writer, error) {
+		if i == 2 {
+			return nil, errCreate
+		}
+		return io.Discard, nil
+	}, make([]byte, 8<<10), false)
+	if !errors.Is(err, errCreate) {
+		t.Fatalf("err = %v, want the record's error", err)
+	}
+	// input_ids and loss_mask are 2 chunks each, then a few read ahead.
+	if reads := r.reads.Load(); reads > 8 {
+		t.Errorf("%d chunks read after the third record could not be opened: the reader went on", reads)
+	}
+}
+
+// changingReader serves a pattern that differs on every pass over the source: a dump
+// rewritten while the gzip writer reads it twice.
+type changingReader struct{ pass atomic.Int64 }
+
+func (c *changingReader) ReadAt(p []byte, off int64) (int, error) {
+	if off == 0 {
+		c.pass.Add(1)
+	}
+	for i := range p {
+		p[i] = byte(off+int64(i)) + byte(c.pass.Load())
+	}
+	return len(p), nil
+}
+
+func TestADumpThatChangesBetweenTheGzipPassesIsTheDumpsFault(t *testing.T) {
+	s := streamSample(&changingReader{}, 64, 32)
+	s.md = map[string]string{"sample": "0"}
+	f, err := os.Create(filepath.Join(t.TempDir(), "out.ckpt.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	_, _, err = writeTorchGzip(context.Background(), Layout{Format: FormatSpecForge, Gzip: true}, f, s, make([]byte, 1024))
+	if _, ok := errors.AsType[*DumpError](err); !ok {
+		t.Fatalf("err = %v, want a DumpError: a store failure would retry the same dump forever", err)
 	}
 }

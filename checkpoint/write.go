@@ -252,6 +252,9 @@ func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []
 	}
 	gz.Header.Extra = extra
 	sum, err := writeZip(ctx, l, torchzip.NewWriter(gz, nil), s, buf, &crcs)
+	if errors.Is(err, torchzip.ErrCRCMismatch) {
+		return 0, 0, s.readErr(0, fmt.Errorf("source changed between passes: %w", err)) // the dump's fault
+	}
 	if err != nil {
 		return 0, 0, err
 	}

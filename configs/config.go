@@ -92,7 +92,10 @@ type Simulator struct {
 	Fail503Every    int           `mapstructure:"fail_503_every"`
 	CorruptEvery    int           `mapstructure:"corrupt_every"`
 	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
-	// RequestLog is a file the simulator appends "rid port" of every request to (tests);
+	// DecodeDelay is the simulator's time per generated token after the first, between
+	// its dump and its answer (server.max_new_tokens > 1).
+	DecodeDelay time.Duration `mapstructure:"decode_delay"`
+	// RequestLog is a file the simulator appends "rid port open" of every request to (tests);
 	// replicas share it (O_APPEND, one write a line).
 	RequestLog string `mapstructure:"request_log"`
 }

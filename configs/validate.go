@@ -155,6 +155,7 @@ func (c *Config) Validate() error {
 		"run.drain_timeout":                c.Run.DrainTimeout,
 		"server.simulator.startup_delay":   sim.StartupDelay,
 		"server.simulator.late_dump_delay": sim.LateDumpDelay,
+		"server.simulator.decode_delay":    sim.DecodeDelay,
 	} {
 		if d < 0 {
 			bad(key, "must be a duration ≥ 0, got %s", d)

@@ -40,9 +40,12 @@ type job struct {
 	admission admission
 	budgets   budgets
 	inflight  map[int]*flight
-	moving    map[string]bool // dump paths handed to a mover, or waiting to be
-	moveQueue []moveJob       // routed dumps waiting for a free mover; the coordinator never blocks on movers
-	stores    []storeRetry    // dumps whose store failed, tried again when due
+	// requestsOpen counts the senders whose result the coordinator has not settled: the
+	// requests open at the servers, whatever became of their flight.
+	requestsOpen int
+	moving       map[string]bool // dump paths handed to a mover, or waiting to be
+	moveQueue    []moveJob       // routed dumps waiting for a free mover; the coordinator never blocks on movers
+	stores       []storeRetry    // dumps whose store failed, tried again when due
 	// storeFailing says why storing dumps fails (full disk, I/O error), "" while it works.
 	storeFailing string
 	storeErrors  int // consecutive failures to store a dump
@@ -79,14 +82,15 @@ type job struct {
 }
 
 type flight struct {
-	sample   int
-	attempt  int
-	rid      string
-	replica  int   // the replica it was sent to; -1 for a leftover dump adopted
-	tokens   int64 // its load on the replica until the dump arrives
-	expected int64 // dump bytes we expect, reserved against the budgets
-	answered time.Time
-	moving   bool
+	sample    int
+	attempt   int
+	rid       string
+	replica   int       // the replica it was sent to; -1 for a leftover dump adopted
+	tokens    int64     // its load on the replica until the dump arrives
+	expected  int64     // dump bytes we expect, reserved against the budgets
+	answered  time.Time // when the server answered, the dump not yet arrived
+	responded bool      // its request is over
+	moving    bool
 }
 
 // errStateLost means the state dir (or the staging dir) was deleted or replaced under
@@ -173,6 +177,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			Fail503Every:    s.Simulator.Fail503Every,
 			CorruptEvery:    s.Simulator.CorruptEvery,
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
+			DecodeDelay:     s.Simulator.DecodeDelay,
 			RequestLog:      s.Simulator.RequestLog,
 		},
 		Transformers: transformersSpec(cfg),

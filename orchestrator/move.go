@@ -53,12 +53,21 @@ func (j *job) moverLoop(ctx context.Context) error {
 		}
 	}()
 	for {
+		// A mover takes a dump only with a copy slot in hand: dumps it cannot start stay
+		// queued with the coordinator, which leaves them in staging when the run stops.
+		select {
+		case j.copySlots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
 		var mj moveJob
 		select {
 		case <-ctx.Done():
+			<-j.copySlots
 			return nil // an early end of the run: moveJobs is never closed
 		case next, ok := <-j.moveJobs:
 			if !ok {
+				<-j.copySlots
 				return nil
 			}
 			mj = next
@@ -79,7 +88,18 @@ func (e *indexError) Error() string { return e.err.Error() }
 
 func (e *indexError) Unwrap() error { return e.err }
 
+// moveOne moves d holding a copy slot, which it gives back once the copy is written:
+// the fsyncs and the index commit that follow wait on the disk, not the CPU, and overlap
+// with the next copies.
 func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error) {
+	slot := true
+	release := func() {
+		if slot {
+			slot = false
+			<-j.copySlots
+		}
+	}
+	defer release()
 	if ctx.Err() != nil {
 		return checkpoint.Moved{}, ctx.Err()
 	}
@@ -92,19 +112,12 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 		return checkpoint.Moved{}, err
 	}
 	defer src.Close()
-	// run.movers copies at once; the fsyncs and the index commit that follow wait on
-	// the disk, not the CPU, and overlap with the next copies.
-	select {
-	case j.copySlots <- struct{}{}:
-	case <-ctx.Done():
-		return checkpoint.Moved{}, ctx.Err()
-	}
 	staged, err := j.mover.Stage(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
 		DatasetFingerprint: j.ds.Fingerprint, ConfigFingerprint: j.cfg.Fingerprint(),
 		HiddenSize: j.cfg.HiddenSize(), Layers: j.cfg.LayersString(), Model: j.cfg.ServedModel(),
 	})
-	<-j.copySlots
+	release()
 	if err != nil {
 		return checkpoint.Moved{}, err
 	}

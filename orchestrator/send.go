@@ -44,11 +44,14 @@ func (j *job) admit() error {
 	// diskFree at once (onMoved): between two measurements the estimate never runs behind
 	// the disk. The window counts only requests whose dump has not arrived: a dump being
 	// moved holds staging (shm_budget), not the server, which must not wait on our fsyncs.
+	// What counts: every request still open (its dump may have come and even landed: SGLang
+	// dumps at the end of the prefill and answers after decoding), and every answered
+	// request whose dump has not arrived.
 	var reserved int64
-	awaiting := 0
+	awaiting := j.requestsOpen
 	for _, f := range j.inflight {
 		reserved += f.expected
-		if !f.moving {
+		if !f.moving && f.responded {
 			awaiting++
 		}
 	}
@@ -99,6 +102,7 @@ func (j *job) admit() error {
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
 		rep := to[i]
 		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s)}
+		j.requestsOpen++
 		j.workers.start("sender", func(ctx context.Context) error {
 			j.send(ctx, rep.client, s, rid)
 			return nil
@@ -140,10 +144,14 @@ func (j *job) send(ctx context.Context, client *sglang.Client, sample int, rid s
 }
 
 func (j *job) onSent(r sendResult) error {
+	j.requestsOpen--
 	if errors.Is(r.err, ErrBadDataset) {
 		return r.err // the dataset changed under the run: nothing more it says can be trusted
 	}
 	f := j.inflight[r.sample]
+	if f != nil && f.attempt == r.attempt {
+		f.responded = true
+	}
 	if f == nil || f.attempt != r.attempt || f.moving {
 		return nil // already done, or superseded, or its dump is being moved
 	}

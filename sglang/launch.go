@@ -61,6 +61,7 @@ type SimulatorSpec struct {
 	Fail503Every    int
 	CorruptEvery    int
 	LateDumpDelay   time.Duration
+	DecodeDelay     time.Duration
 	RequestLog      string
 }
 
@@ -209,6 +210,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
 			{"--corrupt-every", sim.CorruptEvery != 0, strconv.Itoa(sim.CorruptEvery)},
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
+			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
 		} {
 			if f.set {

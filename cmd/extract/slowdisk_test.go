@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -46,4 +47,33 @@ func TestASlowOutputDiskDoesNotHoldTheServersRequestWindow(t *testing.T) {
 		t.Errorf("status says %v done, want %d", st["done"], n)
 	}
 	t.Logf("requests at the first output: %d of %d; file fsyncs %d, dir fsyncs %d", requestsAtFirstOutput, n, disk.Stats().FileSyncs, disk.Stats().DirSyncs)
+}
+
+// run.max_inflight bounds the requests open at the server, also when a dump arrives
+// before its answer (SGLang dumps at the end of the prefill and answers after decoding).
+func TestTheServerNeverHasMoreThanMaxInflightRequestsOpen(t *testing.T) {
+	const n, window = 40, 4
+	j := newJob(t, n, 0)
+	j.env = append(j.env, "EXTRACT_RUN_MAX_INFLIGHT=4", "EXTRACT_SERVER_MAX_NEW_TOKENS=3",
+		"EXTRACT_SERVER_SIMULATOR_DECODE_DELAY=50ms")
+	if r := j.run("run"); r.code != 0 {
+		t.Fatalf("run exit %d\n%s", r.code, r.stderr)
+	}
+	most := 0
+	for _, l := range j.requestLines() {
+		if len(l) < 3 {
+			t.Fatalf("request log line %q has no open count", l)
+		}
+		open, err := strconv.Atoi(l[2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		most = max(most, open)
+	}
+	if most > window {
+		t.Errorf("the simulator had %d requests open at once, run.max_inflight is %d", most, window)
+	}
+	if got := len(j.requests()); got != n {
+		t.Errorf("the simulator received %d requests, want %d", got, n)
+	}
 }

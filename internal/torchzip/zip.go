@@ -79,6 +79,10 @@ func NewWriter(w io.Writer, at io.WriterAt) *Writer { return &Writer{w: w, at: a
 // Offset is the number of bytes written so far.
 func (z *Writer) Offset() int64 { return z.off }
 
+// ErrCRCMismatch means a record's data did not hash to the CRC-32 declared at Create:
+// the source changed between the pass that computed it and the one that wrote it.
+var ErrCRCMismatch = errors.New("the data changed since its CRC-32 was computed")
+
 // Record is an open record: exactly its declared size must be written to it.
 type Record struct {
 	z        *Writer
@@ -198,7 +202,7 @@ func (r *Record) finish() error {
 	sum := r.crc
 	if r.known {
 		if sum != r.e.crc {
-			return fmt.Errorf("torchzip: record %s: CRC-32 %08x, declared %08x (the source changed)", r.e.name, sum, r.e.crc)
+			return fmt.Errorf("torchzip: record %s: CRC-32 %08x, declared %08x: %w", r.e.name, sum, r.e.crc, ErrCRCMismatch)
 		}
 		return nil
 	}

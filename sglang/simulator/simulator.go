@@ -59,8 +59,13 @@ type Config struct {
 	CorruptEvery int
 	// LateDumpDelay writes each dump this long after the response, like a slow hook.
 	LateDumpDelay time.Duration
-	// RequestLog, when set, is a file that gets one line per /generate received ("rid port"),
-	// appended across restarts: tests count the work the server was asked to do.
+	// DecodeDelay is the time to generate each token after the first: the answer comes
+	// (max_new_tokens − 1) × DecodeDelay after the dump, as SGLang's hook dumps at the
+	// end of the prefill and answers after decoding.
+	DecodeDelay time.Duration
+	// RequestLog, when set, is a file that gets one line per /generate received ("rid port
+	// open", open being the requests under way with this one), appended across restarts:
+	// tests count the work the server was asked to do, and how much of it at once.
 	RequestLog string
 }
 
@@ -82,7 +87,8 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
 	fs.IntVar(&c.CorruptEvery, "corrupt-every", 0, "fault: write every Nth dump with input_ids that differ from the request's")
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
-	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port\" of every /generate received to this file")
+	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
+	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
 }
 
 func (c *Config) normalize() error {
@@ -119,7 +125,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {
@@ -137,6 +143,7 @@ type Server struct {
 	marker  string // the hook marker file, removed on a clean shutdown
 
 	received  atomic.Int64 // /generate calls, for Fail503Every
+	open      atomic.Int64 // /generate calls under way, for the request log
 	dumped    atomic.Int64 // dumps written, for CorruptEvery
 	completed atomic.Int64 // answered 200, for ExitAfter and HangAfter
 	hung      chan struct{}
@@ -267,12 +274,14 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("injected fault: request %d of every %d fails", n, s.cfg.Fail503Every))
 		return
 	}
+	open := s.open.Add(1)
+	defer s.open.Add(-1)
 	var req generateRequest
 	if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
 		writeError(w, http.StatusBadRequest, "request body is not a generate request: "+err.Error())
 		return
 	}
-	if err := s.logRequest(req.RID); err != nil {
+	if err := s.logRequest(req.RID, open); err != nil {
 		writeError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
@@ -289,6 +298,13 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if err := writeDump(s.cfg, req.RID, s.dumpIDs(ids)); err != nil {
 			s.log.Error("dump failed", "rid", req.RID, "error", err)
 			writeError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+	}
+	if n := req.SamplingParams.MaxNewTokens; n > 1 && s.cfg.DecodeDelay > 0 {
+		select {
+		case <-time.After(time.Duration(n-1) * s.cfg.DecodeDelay):
+		case <-r.Context().Done():
 			return
 		}
 	}
@@ -462,7 +478,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // logRequest appends "rid port" to the request log, one write per line so that
 // concurrent requests, restarted servers and the replicas of one job (which share the
 // log) never interleave within a line; the port tells the replicas apart.
-func (s *Server) logRequest(rid string) error {
+func (s *Server) logRequest(rid string, open int64) error {
 	if s.cfg.RequestLog == "" {
 		return nil
 	}
@@ -470,7 +486,7 @@ func (s *Server) logRequest(rid string) error {
 	if err != nil {
 		return fmt.Errorf("request log: %w", err)
 	}
-	_, err = fmt.Fprintf(f, "%s %d\n", rid, s.cfg.Port)
+	_, err = fmt.Fprintf(f, "%s %d %d\n", rid, s.cfg.Port, open)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
