@@ -158,7 +158,7 @@ func TestADumpThatChangesBetweenTheGzipPassesIsTheDumpsFault(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	_, _, err = writeTorchGzip(context.Background(), Layout{Format: FormatSpecForge, Gzip: true}, f, s, make([]byte, 1024))
+	_, _, err = writeTorchGzip(context.Background(), Layout{Format: FormatSpecForge, Gzip: true}, newWriteback(f), s, make([]byte, 1024))
 	if _, ok := errors.AsType[*DumpError](err); !ok {
 		t.Fatalf("err = %v, want a DumpError: a store failure would retry the same dump forever", err)
 	}

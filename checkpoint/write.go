@@ -79,13 +79,14 @@ func createSample(ctx context.Context, l Layout, final string, s *sample, buf []
 		return nil, 0, 0, fmt.Errorf("create %s: %w", tmp, err)
 	}
 	p = &pendingFile{f: f, tmp: tmp, final: final}
+	out := newWriteback(f)
 	switch {
 	case l.format() == FormatSafetensors:
-		size, sum, err = writeSafetensors(ctx, f, s, buf)
+		size, sum, err = writeSafetensors(ctx, out, s, buf)
 	case l.Gzip:
-		size, sum, err = writeTorchGzip(ctx, l, f, s, buf)
+		size, sum, err = writeTorchGzip(ctx, l, out, s, buf)
 	default:
-		size, sum, err = writeTorch(ctx, l, f, s, buf)
+		size, sum, err = writeTorch(ctx, l, out, s, buf)
 	}
 	if err != nil {
 		p.abort()
@@ -123,7 +124,7 @@ func (p *pendingFile) abort() {
 	_ = os.Remove(p.tmp)
 }
 
-func writeSafetensors(ctx context.Context, f *os.File, s *sample, buf []byte) (int64, uint32, error) {
+func writeSafetensors(ctx context.Context, f *writeback, s *sample, buf []byte) (int64, uint32, error) {
 	md := map[string]string{}
 	for k, v := range s.md {
 		md[k] = v
@@ -175,7 +176,7 @@ const zipPrefix = "archive/" // what torch.save names the folder when it writes 
 
 // writeTorch streams a torch zip straight into f; each record's CRC-32 is patched into
 // its local header once its data is through.
-func writeTorch(ctx context.Context, l Layout, f *os.File, s *sample, buf []byte) (int64, uint32, error) {
+func writeTorch(ctx context.Context, l Layout, f *writeback, s *sample, buf []byte) (int64, uint32, error) {
 	z := torchzip.NewWriter(f, f)
 	sum, err := writeZip(ctx, l, z, s, buf, nil)
 	if err != nil {
@@ -221,7 +222,7 @@ func writeZip(ctx context.Context, l Layout, z *torchzip.Writer, s *sample, buf 
 // gzip cannot be patched afterwards, so a first pass over the source computes every
 // record's CRC-32 and the crc32c; the metadata goes into the gzip header too, so that
 // verify reads it without decompressing the file.
-func writeTorchGzip(ctx context.Context, l Layout, f *os.File, s *sample, buf []byte) (int64, uint32, error) {
+func writeTorchGzip(ctx context.Context, l Layout, f *writeback, s *sample, buf []byte) (int64, uint32, error) {
 	var crcs [4]uint32
 	all, _, err := streamTensors(ctx, s, func(i int, _ int64) (io.Writer, error) {
 		return crcOnly{&crcs[i]}, nil
