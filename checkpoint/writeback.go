@@ -10,6 +10,9 @@ import (
 // asks the kernel to start writing them out.
 const writebackEvery = 8 << 20
 
+// pageSize rounds the ranges handed to writeback; 4 KiB divides every page size Linux uses.
+const pageSize = 4 << 10
+
 // writeback is the output file as the format writers see it. Every writebackEvery bytes
 // it starts the kernel's writeback of what was written (sync_file_range, no wait): the
 // disk then works while the mover copies, and the fsync at commit finds most of a large
@@ -27,8 +30,10 @@ func (w *writeback) Write(p []byte) (int, error) {
 	n, err := w.f.Write(p)
 	w.written += int64(n)
 	if w.written-w.started >= writebackEvery {
-		_ = unix.SyncFileRange(w.fd, w.started, w.written-w.started, unix.SYNC_FILE_RANGE_WRITE) // a hint; the fsync decides
-		w.started = w.written
+		// Whole pages only: the page the next Write continues would be written twice.
+		end := w.written &^ (pageSize - 1)
+		_ = unix.SyncFileRange(w.fd, w.started, end-w.started, unix.SYNC_FILE_RANGE_WRITE) // a hint; the fsync decides
+		w.started = end
 	}
 	return n, err
 }

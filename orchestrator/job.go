@@ -91,6 +91,7 @@ type flight struct {
 	answered  time.Time // when the server answered, the dump not yet arrived
 	responded bool      // its request is over
 	moving    bool
+	abandon   context.CancelFunc // ends its request; nil for an adopted leftover
 }
 
 // errStateLost means the state dir (or the staging dir) was deleted or replaced under

@@ -42,9 +42,8 @@ func (j *job) admit() error {
 	}
 	// Every flight's bytes count until its move lands, and a landed move is taken off
 	// diskFree at once (onMoved): between two measurements the estimate never runs behind
-	// the disk. The window counts only requests whose dump has not arrived: a dump being
-	// moved holds staging (shm_budget), not the server, which must not wait on our fsyncs.
-	// What counts: every request still open (its dump may have come and even landed: SGLang
+	// the disk. A dump being moved holds staging (shm_budget), not the request window: the
+	// servers must not wait on our fsyncs. What the window counts: every request still open (its dump may have come and even landed: SGLang
 	// dumps at the end of the prefill and answers after decoding), and every answered
 	// request whose dump has not arrived.
 	var reserved int64
@@ -101,10 +100,12 @@ func (j *job) admit() error {
 		j.ledger.attempt[s] = uint32(attempt)
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
 		rep := to[i]
-		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s)}
+		request, abandon := context.WithCancel(j.workers.ctx)
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s), abandon: abandon}
 		j.requestsOpen++
 		j.workers.start("sender", func(ctx context.Context) error {
-			j.send(ctx, rep.client, s, rid)
+			defer abandon()
+			j.send(ctx, request, rep.client, s, rid)
 			return nil
 		})
 	}
@@ -123,7 +124,10 @@ func (j *job) setPausedMetrics() {
 	}
 }
 
-func (j *job) send(ctx context.Context, client *sglang.Client, sample int, rid shm.RID) {
+// send records the attempt and sends the request under request, which ends with ctx or
+// when the flight is abandoned; the result goes to the coordinator until ctx ends, so
+// that it settles every request it counted.
+func (j *job) send(ctx, request context.Context, client *sglang.Client, sample int, rid shm.RID) {
 	// The attempt is durable before the request leaves, so a dump can always be matched
 	// to the attempt the index knows, whatever crashes when.
 	err := j.ix.RecordAttempt(sample, rid.Attempt)
@@ -135,7 +139,7 @@ func (j *job) send(ctx context.Context, client *sglang.Client, sample int, rid s
 		s, err = j.ds.Sample(sample)
 	}
 	if err == nil {
-		_, err = client.Generate(ctx, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
+		_, err = client.Generate(request, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})
 	}
 	select {
 	case j.sent <- sendResult{sample: sample, attempt: rid.Attempt, err: err}:

@@ -364,6 +364,9 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 	now := time.Now()
 	for s, f := range j.inflight {
 		if f.replica == rep.n && !f.moving {
+			// Its request would retry against the restarted server under the old rid,
+			// and hold a window slot the live replicas could use meanwhile.
+			f.abandon()
 			delete(j.inflight, s)
 			j.admission.retryAt(s, now)
 		}

@@ -365,3 +365,56 @@ func TestHungReplicasAreKilledAndRestartedWhileTheJobFinishesExact(t *testing.T)
 	}
 	j.requireExact()
 }
+
+// A dead replica's requests are abandoned with it: their window slots go to the live
+// replicas at once, and the restarted server never gets the old rids again (their retries
+// would have reached it and made dumps the run no longer wants).
+func TestADeadReplicasRequestsFreeTheWindowAndAreNotRetried(t *testing.T) {
+	const window = 8
+	j := newJob(t, 200, 2000)
+	j.withReplicas(2)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_STARTUP_DELAY=2s", "EXTRACT_RUN_MAX_INFLIGHT=8")
+	_, wait := j.start("run")
+	j.waitStatus("two ready", allReady(2))
+	st := j.waitStatus("replica 1 holding requests", func(st map[string]any) bool {
+		return num(st["done"]) > 20 && num(servers(st)[1]["inflight"]) > 1
+	})
+	victim := servers(st)[1]
+	port := strconv.Itoa(num(victim["port"]))
+	sentBefore := len(j.requestLines())
+	if err := syscall.Kill(-num(victim["pid"]), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("run exit %d\n%s", code, stderr)
+	}
+
+	lines := j.requestLines()
+	// Replica 0's requests between the kill and replica 1's first request after it.
+	mostOpen, downSent := 0, 0
+	for _, l := range lines[sentBefore:] {
+		if l[1] == port {
+			break
+		}
+		downSent++
+		open, _ := strconv.Atoi(l[2])
+		mostOpen = max(mostOpen, open)
+	}
+	if mostOpen < window {
+		t.Errorf("while replica 1 restarted, replica 0 had at most %d requests open of a window of %d: the dead replica's requests still held the rest", mostOpen, window)
+	}
+	before := map[string]bool{}
+	for _, l := range lines[:sentBefore] {
+		before[l[0]] = true
+	}
+	resent := 0
+	for _, l := range lines[sentBefore:] {
+		if l[1] == port && before[l[0]] {
+			resent++
+		}
+	}
+	if resent > 0 {
+		t.Errorf("the restarted replica received %d rids sent before the kill: abandoned requests were retried", resent)
+	}
+	t.Logf("replica 1 held %d when killed; %d requests to replica 0 while it was down, at most %d open", num(victim["inflight"]), downSent, mostOpen)
+}
