@@ -28,6 +28,12 @@ func TestMain(m *testing.M) {
 		if os.Getenv("SIM_WORKER") == "stubborn" {
 			signal.Ignore(syscall.SIGTERM)
 		}
+		// The worker is in the group from its fork, but ignores SIGTERM only from here.
+		if ready := os.Getenv("SIM_WORKER_READY"); ready != "" {
+			if err := os.WriteFile(ready, nil, 0o644); err != nil {
+				os.Exit(1)
+			}
+		}
 		for {
 			time.Sleep(time.Hour)
 		}

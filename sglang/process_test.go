@@ -217,6 +217,8 @@ func TestAForeignListenerOnThePortIsNamedAndLeftAlone(t *testing.T) {
 func TestStopEndsTheWholeProcessGroupEvenWorkersThatIgnoreSIGTERM(t *testing.T) {
 	spec := simulatorSpec(t)
 	spec.Env["SIM_WORKER"] = "stubborn"
+	ready := filepath.Join(t.TempDir(), "worker-ignores-sigterm")
+	spec.Env["SIM_WORKER_READY"] = ready
 	state := t.TempDir()
 	m, _ := newManager(t, state, spec)
 	s, err := m.Ensure(ctxFor(t, 30*time.Second))
@@ -225,6 +227,8 @@ func TestStopEndsTheWholeProcessGroupEvenWorkersThatIgnoreSIGTERM(t *testing.T) 
 	}
 	var members []int
 	waitFor(t, 5*time.Second, "worker joins the group", func() bool { members = groupMembers(s.PGID); return len(members) == 2 })
+	// A SIGTERM before the worker ignores it would end it at once, as a stubborn one must not.
+	waitFor(t, 5*time.Second, "worker ignores SIGTERM", func() bool { _, err := os.Stat(ready); return err == nil })
 	const grace = 300 * time.Millisecond
 	start := time.Now()
 	if err := m.Stop(ctxFor(t, 10*time.Second), grace); err != nil {
