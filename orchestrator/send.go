@@ -27,7 +27,12 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 }
 
 // pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
-var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready"}
+var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready", "output disk behind"}
+
+// backlogPerWindow bounds the dumps waiting to be moved at this many request windows.
+// Staging absorbs the disk's hiccups; a backlog beyond that means the disk is the limit,
+// and a longer one would only grow the coordinator's work per event, not the throughput.
+const backlogPerWindow = 8
 
 // admit sends samples while the window and the budgets allow (invariant 5).
 func (j *job) admit() error {
@@ -40,19 +45,30 @@ func (j *job) admit() error {
 		a.paused = append(a.paused, "cannot store dumps: "+j.storeFailing)
 		return nil
 	}
+	if j.requestsOpen >= j.cfg.Run.MaxInflight {
+		return nil // the window is full whatever the flights say
+	}
 	// Every flight's bytes count until its move lands, and a landed move is taken off
 	// diskFree at once (onMoved): between two measurements the estimate never runs behind
-	// the disk. A dump being moved holds staging (shm_budget), not the request window: the
-	// servers must not wait on our fsyncs. What the window counts: every request still open (its dump may have come and even landed: SGLang
-	// dumps at the end of the prefill and answers after decoding), and every answered
-	// request whose dump has not arrived.
+	// the disk. A dump being moved holds staging (shm_budget), not the request window:
+	// the servers must not wait on our fsyncs. What the window counts: every request
+	// still open (its dump may have come and even landed: SGLang dumps at the end of the
+	// prefill and answers after decoding), and every answered request whose dump has not
+	// arrived.
 	var reserved int64
-	awaiting := j.requestsOpen
+	awaiting, moving := j.requestsOpen, 0
 	for _, f := range j.inflight {
 		reserved += f.expected
-		if !f.moving && f.responded {
+		switch {
+		case f.moving:
+			moving++
+		case f.responded:
 			awaiting++
 		}
+	}
+	if limit := backlogPerWindow * j.cfg.Run.MaxInflight; moving >= limit {
+		a.paused = append(a.paused, fmt.Sprintf("output disk behind: %d dumps wait to be moved (at most %d × run.max_inflight)", moving, backlogPerWindow))
+		return nil
 	}
 	skip := func(s int) bool {
 		_, busy := j.inflight[s]

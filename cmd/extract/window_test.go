@@ -9,22 +9,25 @@ import (
 
 // A slow output disk must not slow the server down while staging has room: a dump
 // waiting on its fsyncs holds staging, not one of the server's max_inflight requests.
-// The output dir is on a lazyfs disk whose every fsync takes 2 s; the state dir is not.
-func TestASlowOutputDiskDoesNotHoldTheServersRequestWindow(t *testing.T) {
+// The backlog of such dumps is bounded all the same, at 8 windows: beyond that the disk
+// is the limit. The output dir is on a lazyfs disk whose every fsync takes 2 s; the
+// state dir is not.
+func TestASlowOutputDiskDoesNotHoldTheServersRequestWindowUpToABoundedBacklog(t *testing.T) {
 	disk, mnt := mountLazyDisk(t)
 	disk.SetSyncDelay(2 * time.Second)
 
-	const n, window = 24, 4
+	const n, window, backlog = 24, 2, 8 * 2
 	j := newJob(t, n, 0)
 	j.out = filepath.Join(mnt, "out")
 	j.state = filepath.Join(t.TempDir(), "state")
 	j.env = append(j.env, "EXTRACT_OUTPUT_DIR="+j.out, "EXTRACT_STATE_DIR="+j.state,
-		"EXTRACT_RUN_MAX_INFLIGHT=4", "EXTRACT_RUN_MOVERS=1")
+		"EXTRACT_RUN_MAX_INFLIGHT="+strconv.Itoa(window), "EXTRACT_RUN_MOVERS=1")
 	_, wait := j.start("run")
 
 	// The first output appears under its final name once its file fsync is over (2 s)
 	// and before its directory fsync (2 s more): no move has landed yet. By then the
-	// server must have had more than one window's worth of requests.
+	// server must have had more than one window's worth of requests, and no more than
+	// the backlog and a window.
 	requestsAtFirstOutput := -1
 	for deadline := time.Now().Add(time.Minute); requestsAtFirstOutput < 0; time.Sleep(5 * time.Millisecond) {
 		if outs, _ := filepath.Glob(filepath.Join(j.out, "rows_*", "data_*.safetensors")); len(outs) > 0 {
@@ -39,6 +42,9 @@ func TestASlowOutputDiskDoesNotHoldTheServersRequestWindow(t *testing.T) {
 	}
 	if requestsAtFirstOutput <= window {
 		t.Errorf("the server had received %d requests when the first output appeared, no more than the window of %d: dumps waiting on the disk held it", requestsAtFirstOutput, window)
+	}
+	if requestsAtFirstOutput > backlog+window {
+		t.Errorf("the server had received %d requests when the first output appeared, more than a backlog of %d and a window of %d: the backlog is unbounded", requestsAtFirstOutput, backlog, window)
 	}
 	if got := len(j.requests()); got != n {
 		t.Errorf("the simulator received %d requests, want %d (one per sample)", got, n)
