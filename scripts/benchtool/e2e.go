@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/extract-dev/extract/sglang"
@@ -80,44 +82,29 @@ func simAlone(extract, shmDir string, hidden int, tps float64, n int, plan token
 	for s := range n {
 		samples[s] = sampleIDs(s, plan(s))
 	}
-	next := make(chan int)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(inflight)
 	var mu sync.Mutex
-	var firstErr error
 	var lastAnswer time.Time
 	start := time.Now()
-	for range inflight {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range next {
-				rid := shm.RID{Sample: s, Attempt: 1}
-				_, err := client.Generate(context.Background(), sglang.GenerateRequest{RID: rid.String(), InputIDs: samples[s]})
-				mu.Lock()
-				lastAnswer = time.Now()
-				mu.Unlock()
-				if err == nil && copyDir != "" {
-					src := filepath.Join(shmDir, rid.FileName())
-					err = copyFn(src, filepath.Join(copyDir, rid.FileName()))
-					if err == nil {
-						err = os.Remove(src)
-					}
-				}
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
 	for s := range n {
-		next <- s
+		g.Go(func() error {
+			rid := shm.RID{Sample: s, Attempt: 1}
+			_, err := client.Generate(context.Background(), sglang.GenerateRequest{RID: rid.String(), InputIDs: samples[s]})
+			mu.Lock()
+			lastAnswer = time.Now()
+			mu.Unlock()
+			if err != nil || copyDir == "" {
+				return err
+			}
+			src := filepath.Join(shmDir, rid.FileName())
+			if err := copyFn(src, filepath.Join(copyDir, rid.FileName())); err != nil {
+				return err
+			}
+			return os.Remove(src)
+		})
 	}
-	close(next)
-	wg.Wait()
+	firstErr := g.Wait()
 	if copyDir != "" {
 		if err := run("sync"); err != nil {
 			return 0, 0, err

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/shm"
@@ -82,39 +84,22 @@ func synthIndex(cfg *configs.Config, done int, tokens tokenPlan, bytesPerToken i
 	if err != nil {
 		return 0, err
 	}
-	const workers = 2048
-	next := make(chan int, workers)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	// Many committers, as the movers are: CommitDone groups them into large txns.
+	var g errgroup.Group
+	g.SetLimit(2048)
 	now := time.Now().UTC()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range next {
-				t := tokens(s)
-				rid := shm.RID{Sample: s, Attempt: 1}
-				err := ix.CommitDone(checkpoint.Record{
-					Sample: s, State: checkpoint.StateDone, Attempt: 1, RID: rid.String(),
-					Bytes: int64(t) * bytesPerToken, CRC32C: uint32(s), Tokens: t, Updated: now,
-				})
-				if err != nil {
-					mu.Lock()
-					firstErr = errors.Join(firstErr, err)
-					mu.Unlock()
-					return
-				}
-			}
-		}()
-	}
 	for s := range done {
-		next <- s
+		g.Go(func() error {
+			t := tokens(s)
+			rid := shm.RID{Sample: s, Attempt: 1}
+			return ix.CommitDone(checkpoint.Record{
+				Sample: s, State: checkpoint.StateDone, Attempt: 1, RID: rid.String(),
+				Bytes: int64(t) * bytesPerToken, CRC32C: uint32(s), Tokens: t, Updated: now,
+			})
+		})
 	}
-	close(next)
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
+	if err := g.Wait(); err != nil {
+		return 0, err
 	}
 	c, err := ix.Counters()
 	if err != nil {

@@ -11,7 +11,10 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/shm"
@@ -99,58 +102,48 @@ func moveAll(dumps []string, out string, movers int, tokens, hidden int, ix *che
 	if err := run("sync"); err != nil {
 		return 0, 0, err
 	}
-	next := make(chan string)
-	var mu sync.Mutex
-	var total int64
-	var firstErr error
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(movers)
+	var total atomic.Int64
 	start := time.Now()
-	for range movers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for p := range next {
-				rid, ok := shm.ParseDumpName(filepath.Base(p))
-				if !ok {
-					panic(p)
-				}
-				t := tokens
-				if sampleTokens != nil {
-					t = sampleTokens(rid.Sample)
-				}
-				var moved checkpoint.Moved
-				src, err := os.Open(p)
-				if err == nil {
-					moved, err = m.Move(context.Background(), src, p, checkpoint.Expect{
-						Sample: rid.Sample, RID: rid.String(), InputIDs: sampleIDs(rid.Sample, t),
-						DatasetFingerprint: "bench", HiddenSize: hidden, Layers: benchLayers,
-					})
-					src.Close()
-				}
-				if err == nil && ix != nil {
-					err = ix.CommitDone(checkpoint.Record{
-						Sample: rid.Sample, State: checkpoint.StateDone, Attempt: rid.Attempt, RID: rid.String(),
-						Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(),
-					})
-					if err == nil {
-						err = os.Remove(p)
-					}
-				}
-				mu.Lock()
-				total += moved.Bytes
-				if err != nil && firstErr == nil {
-					firstErr = err
-				}
-				mu.Unlock()
-			}
-		}()
-	}
 	for _, p := range dumps {
-		next <- p
+		g.Go(func() error {
+			rid, ok := shm.ParseDumpName(filepath.Base(p))
+			if !ok {
+				return fmt.Errorf("%s is not a dump name", p)
+			}
+			t := tokens
+			if sampleTokens != nil {
+				t = sampleTokens(rid.Sample)
+			}
+			src, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			moved, err := m.Move(context.Background(), src, p, checkpoint.Expect{
+				Sample: rid.Sample, RID: rid.String(), InputIDs: sampleIDs(rid.Sample, t),
+				DatasetFingerprint: "bench", HiddenSize: hidden, Layers: benchLayers,
+			})
+			src.Close()
+			if err != nil {
+				return err
+			}
+			total.Add(moved.Bytes)
+			if ix == nil {
+				return nil
+			}
+			err = ix.CommitDone(checkpoint.Record{
+				Sample: rid.Sample, State: checkpoint.StateDone, Attempt: rid.Attempt, RID: rid.String(),
+				Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(),
+			})
+			if err != nil {
+				return err
+			}
+			return os.Remove(p)
+		})
 	}
-	close(next)
-	wg.Wait()
-	return time.Since(start), total, firstErr
+	err = g.Wait()
+	return time.Since(start), total.Load(), err
 }
 
 func mibps(bytes int64, d time.Duration) float64 { return float64(bytes) / (1 << 20) / d.Seconds() }
@@ -262,30 +255,14 @@ func durableCopy(dumps []string, dst string, workers int) (time.Duration, error)
 	if err := run("sync"); err != nil {
 		return 0, err
 	}
-	next := make(chan string)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	var g errgroup.Group
+	g.SetLimit(workers)
 	start := time.Now()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for p := range next {
-				if err := copyDurable(p, filepath.Join(dst, filepath.Base(p))); err != nil {
-					mu.Lock()
-					firstErr = errors.Join(firstErr, err)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
 	for _, p := range dumps {
-		next <- p
+		g.Go(func() error { return copyDurable(p, filepath.Join(dst, filepath.Base(p))) })
 	}
-	close(next)
-	wg.Wait()
-	return time.Since(start), firstErr
+	err := g.Wait()
+	return time.Since(start), err
 }
 
 func copyDurable(src, dst string) error {

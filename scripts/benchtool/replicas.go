@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
@@ -70,42 +71,26 @@ func simPlainCopy(extract, stage string, replicas, hidden int, tps float64, n in
 	for s := range n {
 		samples[s] = sampleIDs(s, plan(s))
 	}
-	next := make(chan int)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	// Samples go round the replicas, max(inflight, replicas) requests at once.
+	var g errgroup.Group
+	g.SetLimit(max(inflight, replicas))
 	start := time.Now()
-	for w := range max(inflight, replicas) {
-		r := w % replicas
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range next {
-				rid := shm.RID{Sample: s, Attempt: 1}
-				_, err := clients[r].Generate(context.Background(), sglang.GenerateRequest{RID: rid.String(), InputIDs: samples[s]})
-				if err == nil {
-					src := filepath.Join(dirs[r], rid.FileName())
-					if err = plainCopy(src, filepath.Join(copyDir, rid.FileName())); err == nil {
-						err = os.Remove(src)
-					}
-				}
-				if err != nil {
-					mu.Lock()
-					if firstErr == nil {
-						firstErr = err
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-	}
 	for s := range n {
-		next <- s
+		g.Go(func() error {
+			r := s % replicas
+			rid := shm.RID{Sample: s, Attempt: 1}
+			if _, err := clients[r].Generate(context.Background(), sglang.GenerateRequest{RID: rid.String(), InputIDs: samples[s]}); err != nil {
+				return err
+			}
+			src := filepath.Join(dirs[r], rid.FileName())
+			if err := plainCopy(src, filepath.Join(copyDir, rid.FileName())); err != nil {
+				return err
+			}
+			return os.Remove(src)
+		})
 	}
-	close(next)
-	wg.Wait()
-	if firstErr != nil {
-		return 0, firstErr
+	if err := g.Wait(); err != nil {
+		return 0, err
 	}
 	if err := run("sync"); err != nil {
 		return 0, err

@@ -1,15 +1,15 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
@@ -103,33 +103,16 @@ func synthShard(cfg *configs.Config, i, n, total int) error {
 		return err
 	}
 	// Many committers, as the movers are: CommitDone groups them into large txns.
-	const workers = 2048
-	next := make(chan int, workers)
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var firstErr error
+	var g errgroup.Group
+	g.SetLimit(2048)
 	now := time.Now().UTC()
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for s := range next {
-				err := ix.CommitDone(checkpoint.Record{
-					Sample: s, State: checkpoint.StateDone, Attempt: 1, RID: shm.RID{Sample: s, Attempt: 1}.String(),
-					Bytes: 32 * 8216, CRC32C: uint32(s), Tokens: 32, Updated: now,
-				})
-				if err != nil {
-					mu.Lock()
-					firstErr = errors.Join(firstErr, err)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
 	for s := lo; s < hi; s++ {
-		next <- s
+		g.Go(func() error {
+			return ix.CommitDone(checkpoint.Record{
+				Sample: s, State: checkpoint.StateDone, Attempt: 1, RID: shm.RID{Sample: s, Attempt: 1}.String(),
+				Bytes: 32 * 8216, CRC32C: uint32(s), Tokens: 32, Updated: now,
+			})
+		})
 	}
-	close(next)
-	wg.Wait()
-	return firstErr
+	return g.Wait()
 }
