@@ -125,6 +125,8 @@ func simAlone(extract, shmDir string, hidden int, tps float64, n int, plan token
 	return took, took, nil
 }
 
+// plainCopy copies src over dst, without fsync: the physical baseline's copy, and the
+// index snapshot each measured resume starts from.
 func plainCopy(src, dst string) error {
 	in, err := os.Open(src)
 	if err != nil {

@@ -3,7 +3,6 @@ package main
 import (
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"time"
@@ -78,7 +77,7 @@ func cmdResume(args []string) error {
 	}
 	ixPath := filepath.Join(cfg.StateDir, "index.db")
 	snap := ixPath + ".bench"
-	if err := copyFile(ixPath, snap); err != nil {
+	if err := plainCopy(ixPath, snap); err != nil {
 		return err
 	}
 	defer os.Remove(snap)
@@ -91,7 +90,7 @@ func cmdResume(args []string) error {
 	var firsts, owns []time.Duration
 	var last *jobRun
 	for range *runs {
-		if err := copyFile(snap, ixPath); err != nil {
+		if err := plainCopy(snap, ixPath); err != nil {
 			return err
 		}
 		if err := run("sync"); err != nil {
@@ -136,22 +135,4 @@ func cmdResume(args []string) error {
 		}
 	}
 	return nil
-}
-
-// copyFile copies src over dst (the index snapshot that each measured resume starts from).
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
