@@ -7,7 +7,9 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"runtime"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
@@ -153,17 +155,55 @@ func checkFile(path string, readOnly bool) error {
 
 // guard runs fn, which touches bbolt's mmap, so that a damaged file is an error: a
 // fault on a page past the end of the file (SIGBUS) becomes a panic on this goroutine
-// instead of killing the process, and any panic of bbolt's (its page assertions) is
-// recovered. Either way the error wraps ErrDamaged and names the file.
+// instead of killing the process, and guard turns that panic, or one bbolt raises itself
+// (its assertions about the pages it reads), into an error wrapping ErrDamaged that
+// names the file. Any other panic (a bug in the code fn runs: a nil map, an index out of
+// range) is re-panicked: calling it damage would send the operator to move a sound index
+// aside and rebuild it.
 func guard(path string, fn func() error) (err error) {
 	old := debug.SetPanicOnFault(true)
 	defer func() {
 		debug.SetPanicOnFault(old)
 		if r := recover(); r != nil {
+			if !isFault(r) && !raisedByBolt() {
+				panic(r)
+			}
 			err = fmt.Errorf("index %s: %w: reading it failed: %v", path, ErrDamaged, r)
 		}
 	}()
 	return fn()
+}
+
+// isFault says whether a recovered value is a memory fault that SetPanicOnFault turned
+// into a panic: a runtime.Error that carries the faulting address.
+func isFault(r any) bool {
+	re, ok := r.(runtime.Error)
+	if !ok {
+		return false
+	}
+	_, ok = re.(interface{ Addr() uintptr })
+	return ok
+}
+
+// raisedByBolt says whether the panic being recovered started in bbolt's code: called
+// from a deferred function, it finds runtime.gopanic on the stack and the first frame
+// below it outside the runtime (which raises index and nil errors on the code's behalf).
+func raisedByBolt() bool {
+	pcs := make([]uintptr, 128)
+	frames := runtime.CallersFrames(pcs[:runtime.Callers(1, pcs)])
+	inPanic := false
+	for {
+		f, more := frames.Next()
+		switch {
+		case f.Function == "runtime.gopanic":
+			inPanic = true
+		case inPanic && !strings.HasPrefix(f.Function, "runtime."):
+			return strings.HasPrefix(f.Function, "go.etcd.io/bbolt")
+		}
+		if !more {
+			return false
+		}
+	}
 }
 
 // MoveAside renames a damaged or unwanted index to <path>.broken-<UTC time> in the same

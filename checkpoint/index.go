@@ -365,7 +365,7 @@ func (ix *Index) Reset(m Meta) error {
 			return fmt.Errorf("create samples: %w", err)
 		}
 		c := tx.Bucket(bucketCounters)
-		for _, k := range [][]byte{keyDone, keyFailed, keyBytes, keyTokens} {
+		for _, k := range [][]byte{keyDone, keyFailed, keyBytes, keyTokens, keyImported} {
 			if err := c.Put(k, u64(0)); err != nil {
 				return fmt.Errorf("zero counter %s: %w", k, err)
 			}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // isolated runs the calling test in a child process and reports its result: a damaged
@@ -217,5 +219,35 @@ func TestOpenOfAnIndexWithScribbledDataPagesIsAnErrorNotAPanic(t *testing.T) {
 		if !errors.Is(err, ErrDamaged) || !strings.Contains(err.Error(), path) {
 			t.Fatalf("readonly=%v: %v, want ErrDamaged naming the file", ro, err)
 		}
+	}
+}
+
+// A bug in the code a transaction runs is not damage: guard re-panics it, since
+// ErrDamaged's remedy (move the index aside and rebuild it) would treat a sound file.
+func TestAPanicInTheCodeATxnRunsIsRepanickedNotCalledDamage(t *testing.T) {
+	ix, err := Open(filepath.Join(t.TempDir(), "index.db"), OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	for name, bug := range map[string]func(){
+		"nil map":     func() { var m map[string]int; m["x"] = 1 },
+		"index":       func() { s := []int{}; i := 3; _ = s[i] },
+		"nil pointer": func() { var p *Record; _ = p.Sample },
+		"plain panic": func() { panic("bug") },
+	} {
+		var got error
+		recovered := func() (r any) {
+			defer func() { r = recover() }()
+			got = ix.update(func(*bolt.Tx) error { bug(); return nil })
+			return nil
+		}()
+		if recovered == nil {
+			t.Errorf("%s: the panic became an error (%v), want it re-panicked", name, got)
+		}
+	}
+	// The index is still usable afterwards.
+	if _, _, err := ix.Meta(); err != nil {
+		t.Fatalf("Meta after the panics: %v", err)
 	}
 }

@@ -214,6 +214,14 @@ func TestResetDropsRecordsZeroesCountersAndWritesMeta(t *testing.T) {
 	if err := ix.MarkFailed(1, 1, "boom"); err != nil {
 		t.Fatal(err)
 	}
+	imported := doneRecord(2, 0)
+	imported.Imported = true
+	if err := ix.CommitDone(imported); err != nil {
+		t.Fatal(err)
+	}
+	if c := mustCounters(t, ix); c.Imported != 1 {
+		t.Fatalf("imported counter before Reset = %d, want 1", c.Imported)
+	}
 	if err := ix.Reset(Meta{DatasetFingerprint: "fp-2", Total: 7}); err != nil {
 		t.Fatal(err)
 	}
