@@ -128,29 +128,66 @@ func syncDirOnce(dir string) error {
 	return nil
 }
 
-// MkdirAll creates dir and any missing parents, and fsyncs the parent of each directory it
-// created, so the whole path survives a crash.
+// MkdirAll creates dir and any missing parents, and returns only once the whole path is
+// durable: each directory's entry in its parent has been fsynced after it appeared.
+//
+// A directory that exists is not yet durable: another goroutine may have just created
+// it and not yet fsynced its parent, and a mover that renamed a file into it and
+// committed the sample would lose the file to a power cut. So MkdirAll trusts only
+// directories it has seen made durable in this process (durableDirs); for any other
+// one on the path, existing or new, it fsyncs the parent itself (such fsyncs are
+// shared by concurrent callers, see SyncDir). Each path costs this once per process.
 func MkdirAll(dir string, perm os.FileMode) error {
-	var missing []string
-	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
-		if _, err := os.Lstat(d); err == nil {
-			break
+	dir = filepath.Clean(dir)
+	if _, known := durableDirs.Load(dir); known {
+		if st, err := os.Lstat(dir); err == nil && st.IsDir() {
+			return nil
 		}
-		missing = append(missing, d)
+		// Removed (or replaced) since: it is made again below, and synced again.
+	}
+	// The path's directories not known durable, dir first, up to one that is.
+	var unknown []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, known := durableDirs.Load(d); known {
+			if _, err := os.Lstat(d); err == nil {
+				break
+			}
+		}
+		unknown = append(unknown, d)
 		if filepath.Dir(d) == d {
 			break
 		}
 	}
-	if len(missing) == 0 {
-		return nil
+	var existed []bool
+	for _, d := range unknown {
+		_, err := os.Lstat(d)
+		existed = append(existed, err == nil)
 	}
 	if err := os.MkdirAll(dir, perm); err != nil {
 		return fmt.Errorf("create directory %s: %w", dir, err)
 	}
-	for i := len(missing) - 1; i >= 0; i-- {
-		if err := SyncDir(filepath.Dir(missing[i])); err != nil {
-			return err
+	afterMkdir(dir)
+	for i := len(unknown) - 1; i >= 0; i-- {
+		d := unknown[i]
+		parent := filepath.Dir(d)
+		if parent != d {
+			err := SyncDir(parent)
+			// An ancestor that was there before this call and whose parent this user may
+			// not open (a 0711 home) is as durable as we can know; one we created is not.
+			if err != nil && !(existed[i] && errors.Is(err, os.ErrPermission)) {
+				return err
+			}
 		}
+		durableDirs.Store(d, struct{}{})
 	}
 	return nil
 }
+
+// durableDirs holds the cleaned paths of directories whose entry in their parent this
+// process has fsynced (or that are the root): MkdirAll needs no fsync for them.
+var durableDirs sync.Map
+
+// afterMkdir runs between MkdirAll's mkdir and its fsyncs: a test holds one caller
+// there to show that another caller, finding the directory already made, does not
+// return before the directory is durable.
+var afterMkdir = func(string) {}
