@@ -40,6 +40,7 @@ func (sf *sampleFile) info() (OutputInfo, error) {
 	info := OutputInfo{
 		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: sf.size,
 		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
+		Protocol: md["protocol"], HookVersion: md["hook_version"],
 	}
 	var err error
 	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {

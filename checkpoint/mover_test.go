@@ -231,7 +231,7 @@ func TestMoveWritesExactTensorsMetadataAndCRC(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantInfo := OutputInfo{Sample: 2345, RID: ridOf(2345, 1), DatasetFingerprint: "fp-1", Tokens: 5, CRC32C: sum, Bytes: moved.Bytes,
-				ConfigFingerprint: "cfg-1", Layers: "2,30,58", Model: "kimi-k2.5", HiddenSize: 8}
+				ConfigFingerprint: "cfg-1", Layers: "2,30,58", Model: "kimi-k2.5", HiddenSize: 8, Protocol: "1", HookVersion: "0.3.1"}
 			if info != wantInfo {
 				t.Fatalf("ReadOutput = %+v, want %+v", info, wantInfo)
 			}

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,6 +29,8 @@ type OutputInfo struct {
 	Layers            string
 	Model             string
 	HiddenSize        int
+	// Protocol and HookVersion are the dump's: the protocol the hook spoke and its version.
+	Protocol, HookVersion string
 }
 
 // ReadOutput reads and checks an output's header and metadata; deep also recomputes
@@ -80,6 +83,8 @@ type VerifyOptions struct {
 	// ("2,30,58"); each file must match them. Zero values skip the check.
 	HiddenSize int
 	Layers     string
+	// Model is the job's served model (the dumps' model metadata); empty skips the check.
+	Model string
 	// Format is the layout's name ("specforge+gzip"); empty means the index's, and
 	// an index without one is safetensors.
 	Format string
@@ -312,7 +317,44 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 			return why, false, nil
 		}
 	}
-	return "", false, nil
+	if info.RID != r.RID {
+		return fmt.Sprintf("rid %q in metadata, index recorded %q", info.RID, r.RID), false, nil
+	}
+	return provenanceDiffers(info, r.Sample, r.Imported, opt), false, nil
+}
+
+// provenanceDiffers says why a file's record of how it was made does not fit the job:
+// its rid must name its sample, its protocol be the one this build reads, its model the
+// job's, and its hook_version a version. The hook's version is not compared with one
+// value: a server adopted across an upgrade of extract legitimately ran an older hook
+// of the same protocol. A file import rewrote from another tool's has no hook.
+func provenanceDiffers(info OutputInfo, s int, imported bool, opt VerifyOptions) string {
+	switch {
+	case !ridNames(info.RID, s):
+		return fmt.Sprintf("rid %q is not an attempt of sample %d", info.RID, s)
+	case info.Protocol != protocolVersion:
+		return fmt.Sprintf("protocol %q, this build writes %q", info.Protocol, protocolVersion)
+	case opt.Model != "" && info.Model != opt.Model:
+		return fmt.Sprintf("model %q, the job runs %q", info.Model, opt.Model)
+	case !imported && !hookVersionPattern.MatchString(info.HookVersion):
+		return fmt.Sprintf("hook_version %q is not a hook version", info.HookVersion)
+	}
+	return ""
+}
+
+// hookVersionPattern is what a dump hook's version looks like ("1.0.0", the simulator's
+// "sim-1"): one printable word.
+var hookVersionPattern = regexp.MustCompile(`^[0-9A-Za-z][0-9A-Za-z._+-]{0,63}$`)
+
+// ridNames says whether rid is s<sample, 9 digits>-a<attempt> of sample s. It parses
+// locally because checkpoint sits below the shm package that owns the format.
+func ridNames(rid string, s int) bool {
+	rest, ok := strings.CutPrefix(rid, fmt.Sprintf("s%09d-a", s))
+	if !ok || rest == "" {
+		return false
+	}
+	n, err := strconv.Atoi(rest)
+	return err == nil && n >= 0 && strconv.Itoa(n) == rest
 }
 
 // fingerprintsDiffer says why a file was not made by the index's job: another dataset,
@@ -360,6 +402,9 @@ func adoptable(ctx context.Context, path string, s, total int, done map[int]Reco
 		return Record{}, fmt.Sprintf("metadata names sample %d", info.Sample), nil
 	}
 	if why := fingerprintsDiffer(info, meta); why != "" {
+		return Record{}, why, nil
+	}
+	if why := provenanceDiffers(info, s, false, opt); why != "" {
 		return Record{}, why, nil
 	}
 	return Record{

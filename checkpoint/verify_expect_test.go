@@ -356,3 +356,62 @@ func TestARebuildFromTheFilesAfterTheIndexBrokeAdoptsExactlyTheGoodFiles(t *test
 		t.Fatal(err)
 	}
 }
+
+// rewriteMeta replaces old by repl (of the same length, so no offset moves and the
+// crc32c of the data still holds) in the file's header: a file perfect in itself whose
+// record of how it was made is wrong.
+func rewriteMeta(t *testing.T, path, old, repl string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(old) != len(repl) || bytes.Count(b, []byte(old)) != 1 {
+		t.Fatalf("cannot rewrite %s as %s in %s", old, repl, path)
+	}
+	if err := os.WriteFile(path, bytes.Replace(b, []byte(old), []byte(repl), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestVerifyDeepComparesModelRidProtocolAndHookVersionWithTheIndexAndConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name, old, repl, reason string
+	}{
+		{"model", `"model":"kimi-k2.5"`, `"model":"kimi-k2.6"`, `model "kimi-k2.6", the job runs "kimi-k2.5"`},
+		{"rid of another attempt", `"rid":"s000000002-a1"`, `"rid":"s000000002-a7"`, `rid "s000000002-a7" in metadata, index recorded "s000000002-a1"`},
+		{"protocol", `"protocol":"1"`, `"protocol":"2"`, `protocol "2", this build writes "1"`},
+		{"hook_version", `"hook_version":"0.3.1"`, `"hook_version":"0 3 1"`, `hook_version "0 3 1" is not a hook version`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newBigJob(t, 10)
+			for s := range 4 {
+				j.commit(t, j.move(t, s, nil), s)
+			}
+			opt := j.opts(true, false)
+			opt.Model = "kimi-k2.5"
+			if rep := j.verify(t, opt); rep.OK != 4 || len(rep.Problems) != 0 {
+				t.Fatalf("before the change: %+v", rep)
+			}
+			rewriteMeta(t, OutputPath(j.out, 2), tc.old, tc.repl)
+			rep := j.verify(t, opt)
+			if rep.Corrupt != 1 || rep.OK != 3 {
+				t.Fatalf("deep verify missed it: %+v", rep)
+			}
+			wantProblem(t, rep, "sample 2: data_2.safetensors: "+tc.reason)
+		})
+	}
+}
+
+// An orphan whose rid names another sample is not adopted, even when everything else
+// (its sample metadata, tokens, crc32c) fits its place.
+func TestVerifyRepairDoesNotAdoptAnOrphanWhoseRidNamesAnotherSample(t *testing.T) {
+	j := newBigJob(t, 10)
+	j.move(t, 3, nil)
+	rewriteMeta(t, OutputPath(j.out, 3), `"rid":"s000000003-a1"`, `"rid":"s000000004-a1"`)
+	rep := j.verify(t, j.opts(true, true))
+	wantProblem(t, rep, `sample 3: rows_0-2000/data_3.safetensors: orphan not adopted: rid "s000000004-a1" is not an attempt of sample 3`)
+	if _, ok, _ := j.ix.Get(3); ok {
+		t.Fatal("an orphan with another sample's rid was adopted")
+	}
+}

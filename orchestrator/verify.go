@@ -72,7 +72,7 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 		return res, err
 	}
 	defer ds.Close()
-	opt.HiddenSize, opt.Layers = cfg.HiddenSize(), cfg.LayersString()
+	opt.HiddenSize, opt.Layers, opt.Model = cfg.HiddenSize(), cfg.LayersString(), cfg.ServedModel()
 
 	files, err := outputFiles(cfg.OutputDir)
 	if err != nil {
