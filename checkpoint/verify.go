@@ -88,7 +88,14 @@ type VerifyOptions struct {
 	// Format is the layout's name ("specforge+gzip"); empty means the index's, and
 	// an index without one is safetensors.
 	Format string
+	// Lo and Hi bound the samples the index owns, [Lo, Hi): a shard's range. The files
+	// of samples outside it are another shard's (the shards share the output dir) and
+	// are neither orphans nor adopted. Hi 0 is every sample.
+	Lo, Hi int
 }
+
+// owns says whether sample s is the index's to check and adopt.
+func (opt VerifyOptions) owns(s int) bool { return opt.Hi == 0 || (s >= opt.Lo && s < opt.Hi) }
 
 // want is what sample s's file must hold under opt; it reads the dataset only when the
 // check is deep, since only then are the tokens compared.
@@ -118,6 +125,9 @@ type VerifyReport struct {
 	TempFiles int
 	// Repaired counts fixes applied: records reset, orphans adopted, temp files removed.
 	Repaired int
+	// Unrepaired counts what Repair found and could not fix: a corrupt output or a temp
+	// file it may not remove (a directory, an immutable file). Each has a problem line.
+	Unrepaired int
 	// Problems describes each finding, one line each, capped at maxProblems.
 	Problems []string
 }
@@ -186,9 +196,13 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 			return rep, err
 		}
 		// A corrupt file must not stay under a final name, which promises a complete file.
+		// One that cannot be removed (a directory, an immutable file) is reported and
+		// left; the other samples are still repaired.
 		if !missing {
 			if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-				return rep, fmt.Errorf("sample %d: remove corrupt output: %w", s, err)
+				rep.Unrepaired++
+				rep.problem("sample %d: %s: %s; back to pending, but it cannot be removed (%v): remove it by hand", s, filepath.Base(path), reason, err)
+				continue
 			}
 		}
 		rep.Repaired++
@@ -231,7 +245,9 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 					continue
 				}
 				if err := os.Remove(path); err != nil {
-					return rep, fmt.Errorf("remove temp file: %w", err)
+					rep.Unrepaired++
+					rep.problem("%s: leftover temp file; it cannot be removed (%v): remove it by hand", rel, err)
+					continue
 				}
 				rep.Repaired++
 				rep.problem("%s: leftover temp file; removed", rel)
@@ -241,7 +257,7 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 			if !ok {
 				continue
 			}
-			if _, isDone := done[s]; isDone && l.Path(s) == path {
+			if _, isDone := done[s]; (isDone && l.Path(s) == path) || !opt.owns(s) {
 				continue
 			}
 			rep.Orphans++
@@ -281,6 +297,9 @@ func Verify(ctx context.Context, ix *Index, outputDir string, total int, opt Ver
 func checkDone(ctx context.Context, path string, r Record, total int, meta Meta, haveMeta bool, opt VerifyOptions, buf []byte) (reason string, missing bool, err error) {
 	if r.Sample >= total {
 		return fmt.Sprintf("done record beyond the dataset's %d samples", total), false, nil
+	}
+	if !opt.owns(r.Sample) {
+		return fmt.Sprintf("done record outside this shard's samples %d-%d", opt.Lo, opt.Hi), false, nil
 	}
 	want, err := opt.want(r.Sample, opt.Deep)
 	if err != nil {

@@ -415,3 +415,50 @@ func TestVerifyRepairDoesNotAdoptAnOrphanWhoseRidNamesAnotherSample(t *testing.T
 		t.Fatal("an orphan with another sample's rid was adopted")
 	}
 }
+
+// blockOutput puts a non-empty directory at path, which no remove takes away.
+func blockOutput(t *testing.T, path string) {
+	t.Helper()
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(path, "inside"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// verify --repair repairs every sample it can past an entry it cannot remove (a
+// directory at a done sample's path, a directory under the mover's temp name) and
+// reports those as unrepaired instead of stopping at the first.
+func TestVerifyRepairRepairsWhatItCanPastAnEntryItCannotRemove(t *testing.T) {
+	j := newBigJob(t, 10)
+	for s := range 5 {
+		j.commit(t, j.move(t, s, nil), s)
+	}
+	blockOutput(t, OutputPath(j.out, 1))
+	blockOutput(t, tempPath(OutputPath(j.out, 6)))
+	if err := os.Truncate(OutputPath(j.out, 3), 100); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := Verify(context.Background(), j.ix, j.out, j.total, j.opts(false, true))
+	if err != nil {
+		t.Fatalf("Verify --repair stopped: %v", err)
+	}
+	if rep.Corrupt != 2 || rep.Repaired != 1 || rep.Unrepaired != 2 || rep.TempFiles != 1 {
+		t.Fatalf("report %+v, want 2 corrupt (1 repaired, 1 not), 1 temp file not removed", rep)
+	}
+	wantProblem(t, rep, "sample 1: data_1.safetensors: ")
+	wantProblem(t, rep, "cannot be removed")
+	wantProblem(t, rep, "sample 3: data_3.safetensors: size 100, index recorded")
+	if _, err := os.Stat(OutputPath(j.out, 3)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("sample 3's corrupt file is still there: %v", err)
+	}
+	for _, s := range []int{1, 3} {
+		if r := mustGet(t, j.ix, s); r.State != StatePending {
+			t.Fatalf("sample %d is %s after repair, want pending", s, r.State)
+		}
+	}
+	if r := mustGet(t, j.ix, 4); r.State != StateDone {
+		t.Fatalf("sample 4 is %s after repair", r.State)
+	}
+}

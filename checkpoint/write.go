@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/safetensors"
@@ -72,11 +73,11 @@ type pendingFile struct {
 func createSample(ctx context.Context, l Layout, final string, s *sample, buf []byte) (p *pendingFile, size int64, sum uint32, err error) {
 	tmp := tempPath(final)
 	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return nil, 0, 0, err
+		return nil, 0, 0, blockedOr(filepath.Dir(final), err)
 	}
 	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("create %s: %w", tmp, err)
+		return nil, 0, 0, blockedOr(tmp, fmt.Errorf("create %s: %w", tmp, err))
 	}
 	p = &pendingFile{f: f, tmp: tmp, final: final}
 	out := newWriteback(f)
@@ -111,11 +112,39 @@ func (p *pendingFile) commit() error {
 	}
 	if err := os.Rename(p.tmp, p.final); err != nil {
 		_ = os.Remove(p.tmp)
-		return fmt.Errorf("rename %s: %w", p.tmp, err)
+		return blockedOr(p.final, fmt.Errorf("rename %s: %w", p.tmp, err))
 	}
 	// The file under its final name is complete either way; without a durable directory
 	// entry the caller must not commit, and its retry overwrites the file.
 	return atomicfile.SyncDir(filepath.Dir(p.final))
+}
+
+// BlockedError means something the mover may not replace is in the way of an output:
+// a directory (or an immutable file) at its final or temp name, or a file where its
+// rows_ directory belongs. A retry meets the same thing, so it is that sample's
+// failure, not the disk's: the operator removes what is there and resumes.
+type BlockedError struct {
+	Path string
+	Err  error
+}
+
+func (e *BlockedError) Error() string {
+	return fmt.Sprintf("output path %s is blocked by something extract may not replace (%v): remove it, then `extract run --resume`", e.Path, e.Err)
+}
+
+func (e *BlockedError) Unwrap() error { return e.Err }
+
+// blockedOr is err as a BlockedError when it says that path holds the wrong kind of
+// thing or one that cannot be replaced: EISDIR, ENOTEMPTY and EEXIST (a directory),
+// ENOTDIR (a file where a directory belongs), EPERM (an immutable file). Anything else
+// (a full disk, an I/O error) is the disk's and stays as it is.
+func blockedOr(path string, err error) error {
+	for _, e := range []error{syscall.EISDIR, syscall.ENOTEMPTY, syscall.EEXIST, syscall.ENOTDIR, syscall.EPERM} {
+		if errors.Is(err, e) {
+			return &BlockedError{Path: path, Err: err}
+		}
+	}
+	return err
 }
 
 // abort closes and removes the temp file.

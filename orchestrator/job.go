@@ -290,11 +290,26 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		res.Outcome = Stopped
 		return res, nil
 	}
-	if c.Failed > 0 {
-		return res, fmt.Errorf("%d samples failed after %d attempts each (see the log for why); `extract run --resume` retries them", c.Failed, j.cfg.Run.MaxAttempts)
+	if err := settle(c, j.ledger.size(), j.cfg.Run.MaxAttempts); err != nil {
+		return res, err
 	}
 	res.Outcome = Finished
 	return res, nil
+}
+
+// settle says whether a run that ran to its end finished: only when every sample it
+// owns is done or failed. One that is neither was dropped by a write the index refused
+// (a MarkFailed on a failing state disk): the run must not call itself finished, and
+// exit 0 would tell cron there is nothing left to do.
+func settle(c checkpoint.Counters, owned, maxAttempts int) error {
+	switch {
+	case c.Done+c.Failed < owned:
+		return fmt.Errorf("%w: the run ended with %d of its %d samples neither done nor failed (%d done, %d failed): the index did not record them (see the log); `extract run --resume` continues",
+			ErrTemporary, owned-c.Done-c.Failed, owned, c.Done, c.Failed)
+	case c.Failed > 0:
+		return fmt.Errorf("%d samples failed, after up to %d attempts each (the log and the index say why); `extract run --resume` retries them", c.Failed, maxAttempts)
+	}
+	return nil
 }
 
 // loop is the coordinator: it admits samples, routes dumps to movers and settles results

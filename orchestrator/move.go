@@ -205,6 +205,9 @@ func (j *job) onMoved(r moveResult) error {
 		j.reject("malformed")
 		j.log.Error("dump rejected", "sample", s, "rid", r.dump.RID.String(), "err", r.err)
 		j.quarantine.hold(r.dump.Path)
+	case errors.As(r.err, new(*checkpoint.BlockedError)):
+		j.failBlocked(r, f)
+		return nil
 	default:
 		return j.storeFailed(r, f)
 	}
@@ -212,6 +215,29 @@ func (j *job) onMoved(r moveResult) error {
 		j.requeue(s, r.err.Error())
 	}
 	return nil
+}
+
+// failBlocked fails a sample whose output path holds something extract may not replace
+// (a directory, an immutable file): a retry, or a resend that recomputes the dump, meets
+// the same thing, so the sample fails at once with the path in its reason, and the run
+// goes on with the others. Its dump is removed: it would hold staging until the
+// operator clears the path, and the next run recomputes the sample.
+func (j *job) failBlocked(r moveResult, f *flight) {
+	s := r.dump.RID.Sample
+	if f == nil || f.rid != r.dump.RID.String() {
+		return // a stale attempt's dump: the current one settles the sample
+	}
+	delete(j.inflight, s)
+	j.admission.fail(s, 1, time.Now()) // a limit of 1: final, nothing scheduled
+	if err := os.Remove(r.dump.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		j.log.Warn("remove dump of a blocked sample", "file", r.dump.Path, "err", err)
+	}
+	if err := j.ix.MarkFailed(s, int(j.ledger.attempt[s]), r.err.Error()); err != nil {
+		j.log.Error("mark failed", "sample", s, "err", err)
+		return
+	}
+	j.ledger.set(s, checkpoint.StateFailed, 0, 0)
+	j.log.Error("sample failed: its output path is blocked", "sample", s, "err", r.err)
 }
 
 // storeFailed handles a good dump that could not be stored (disk full, I/O error): it

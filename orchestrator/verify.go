@@ -73,6 +73,12 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 	}
 	defer ds.Close()
 	opt.HiddenSize, opt.Layers, opt.Model = cfg.HiddenSize(), cfg.LayersString(), cfg.ServedModel()
+	if cfg.Shard.Sharded() {
+		// The shards share the output dir: this shard checks, adopts and rebuilds only
+		// its own range, and leaves the others' files alone.
+		span := spanOf(cfg, ds.Len())
+		opt.Lo, opt.Hi = span.lo, span.hi
+	}
 
 	files, err := outputFiles(cfg.OutputDir)
 	if err != nil {
@@ -181,6 +187,8 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 		return res, err
 	}
 	switch {
+	case meta.ShardIndex != cfg.Shard.Index || meta.ShardCount != cfg.Shard.Count:
+		res.Mismatch = fmt.Sprintf("index %s records shard %d of %d (0 of 0: unsharded), but this is shard %d of %d", path, meta.ShardIndex, meta.ShardCount, cfg.Shard.Index, cfg.Shard.Count)
 	case meta.DatasetFingerprint != ds.Fingerprint:
 		res.Mismatch = fmt.Sprintf("dataset %s (%d samples, sha256 %.12s…) is not the one index %s was made from (%s, %d samples, sha256 %.12s…)",
 			ds.Path, ds.Len(), ds.Fingerprint, path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint)
@@ -201,7 +209,7 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 // The new index is built under a temporary name and renamed into place only when
 // complete, so a rebuild that dies leaves no half-adopted index for a run to resume from.
 func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why string, exists bool, files []string, opt checkpoint.VerifyOptions) (*Rebuild, checkpoint.VerifyReport, error) {
-	rb := &Rebuild{Why: why, Files: len(files)}
+	rb := &Rebuild{Why: why, Files: len(ownedFiles(files, opt))}
 	var rep checkpoint.VerifyReport
 	if exists {
 		aside, err := checkpoint.MoveAside(path)
@@ -235,7 +243,7 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	err = ix.Init(checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(),
 		Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
-		OutputFormat: outputLayout(cfg).Name(),
+		OutputFormat: outputLayout(cfg).Name(), ShardIndex: cfg.Shard.Index, ShardCount: cfg.Shard.Count,
 	})
 	if err != nil {
 		return rb, rep, fmt.Errorf("initialise rebuilt index %s: %w", tmp, err)
@@ -276,6 +284,21 @@ func outputFiles(outputDir string) ([]string, error) {
 		return nil, fmt.Errorf("list output files in %s: %w", outputDir, err)
 	}
 	return files, nil
+}
+
+// ownedFiles are the files of the samples in opt's range (a shard's; every file when
+// unsharded): what a rebuild of this index can adopt.
+func ownedFiles(files []string, opt checkpoint.VerifyOptions) []string {
+	if opt.Hi == 0 {
+		return files
+	}
+	var own []string
+	for _, f := range files {
+		if s, ok := (checkpoint.Layout{}).SampleOf(filepath.Base(f)); ok && s >= opt.Lo && s < opt.Hi {
+			own = append(own, f)
+		}
+	}
+	return own
 }
 
 // attemptsSeen is the highest attempt any trace of the job shows: the rids in the

@@ -121,12 +121,42 @@ func TestThreeShardsRunTogetherAndAddUpToTheDatasetExactlyOnce(t *testing.T) {
 	if err := os.Remove(checkpoint.OutputPath(j.out, 45)); err != nil {
 		t.Fatal(err)
 	}
-	if r := j.run("verify", "--all"); r.code != 1 || !strings.Contains(r.stdout, "sample 45 (shard 1/3): file missing") {
+	r = j.run("verify", "--all")
+	if r.code != 1 || !strings.Contains(r.stdout, "sample 45 (shard 1/3): file missing") {
 		t.Fatalf("verify --all with sample 45's file gone: exit %d, want 1 naming it\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	// A shard's repair would adopt the other shards' files as its own orphans.
-	if r := j.run("verify", "--repair", "--shard", "1/3"); r.code != 2 || !strings.Contains(r.stderr, "verify --all") {
-		t.Fatalf("verify --repair on a shard: exit %d, want 2\n%s%s", r.code, r.stdout, r.stderr)
+	// Its advice is true: the shard's repair sends sample 45 back to pending and adopts
+	// none of the other shards' files, and the shard's run redoes it.
+	if !strings.Contains(r.stderr, "`extract verify --repair --shard 1/3`, then `extract run --resume --shard 1/3`") {
+		t.Fatalf("verify --all does not name shard 1's repair:\n%s", r.stderr)
+	}
+	r = j.mustRun("verify", "--repair", "--shard", "1/3")
+	if !strings.Contains(r.stdout, "checked 30: 29 ok, 1 missing, 0 corrupt, 0 unindexed files, 0 temp files; 1 repaired") {
+		t.Fatalf("verify --repair --shard 1/3 (the other shards' 60 files must not count):\n%s", r.stdout)
+	}
+	js = j.statusAll()
+	if js.Done != samples-1 || js.PerShard[0].Done != 30 || js.PerShard[1].Done != 29 || js.PerShard[2].Done != 30 {
+		t.Fatalf("after shard 1's repair: %+v; want only sample 45 back to pending", js)
+	}
+	cmd := j.command("run", "--resume", "--shard", "1/3")
+	cmd.Env = j.shardEnv(t)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("run --resume --shard 1/3: %v\n%s", err, out)
+	}
+	if r := j.run("verify", "--all", "--deep"); r.code != 0 {
+		t.Fatalf("verify --all after shard 1 redid sample 45: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// A shard's lost index is rebuilt from its own range's files only, as a shard's.
+	if err := os.Remove(filepath.Join(j.state, "shard-2-of-3", "index.db")); err != nil {
+		t.Fatal(err)
+	}
+	r = j.mustRun("verify", "--repair", "--shard", "2/3")
+	if !strings.Contains(r.stdout, "rebuilt from 30 files: 30 adopted, 0 refused") {
+		t.Fatalf("rebuild of shard 2's index:\n%s", r.stdout)
+	}
+	if r := j.run("verify", "--all", "--deep"); r.code != 0 {
+		t.Fatalf("verify --all after shard 2's rebuild: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
 }
 

@@ -23,9 +23,6 @@ func newVerifyCmd() *cobra.Command {
 			if all {
 				return runVerifyAll(cmd, &cf, opt)
 			}
-			if err := refuseShardRepair(cmd, &cf, opt); err != nil {
-				return err
-			}
 			return runVerify(cmd, &cf, opt, asJSON)
 		},
 	}
@@ -40,16 +37,18 @@ func newVerifyCmd() *cobra.Command {
 // verifyJSON is `verify --json`: the counts of the text summary, the problems, and
 // what a rebuild did.
 type verifyJSON struct {
-	Checked   int                   `json:"checked"`
-	OK        int                   `json:"ok"`
-	Missing   int                   `json:"missing"`
-	Corrupt   int                   `json:"corrupt"`
-	Orphans   int                   `json:"unindexed"`
-	TempFiles int                   `json:"temp_files"`
-	Repaired  int                   `json:"repaired"`
-	Problems  []string              `json:"problems"`
-	Mismatch  string                `json:"mismatch,omitempty"`
-	Rebuild   *orchestrator.Rebuild `json:"rebuild,omitempty"`
+	Checked   int `json:"checked"`
+	OK        int `json:"ok"`
+	Missing   int `json:"missing"`
+	Corrupt   int `json:"corrupt"`
+	Orphans   int `json:"unindexed"`
+	TempFiles int `json:"temp_files"`
+	Repaired  int `json:"repaired"`
+	// Unrepaired is what --repair found and could not fix (an entry it may not remove).
+	Unrepaired int                   `json:"unrepaired"`
+	Problems   []string              `json:"problems"`
+	Mismatch   string                `json:"mismatch,omitempty"`
+	Rebuild    *orchestrator.Rebuild `json:"rebuild,omitempty"`
 }
 
 func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions, asJSON bool) error {
@@ -67,13 +66,13 @@ func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions
 		rep := res.VerifyReport
 		if jerr := printJSON(out, verifyJSON{
 			Checked: rep.Checked, OK: rep.OK, Missing: rep.Missing, Corrupt: rep.Corrupt,
-			Orphans: rep.Orphans, TempFiles: rep.TempFiles, Repaired: rep.Repaired,
+			Orphans: rep.Orphans, TempFiles: rep.TempFiles, Repaired: rep.Repaired, Unrepaired: rep.Unrepaired,
 			Problems: append([]string{}, rep.Problems...), Mismatch: res.Mismatch, Rebuild: res.Rebuild,
 		}); jerr != nil && err == nil {
 			err = jerr
 		}
 	} else {
-		printVerify(out, res)
+		printVerify(out, res, err)
 	}
 	if err != nil {
 		return err
@@ -82,14 +81,19 @@ func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions
 	if res.Mismatch != "" {
 		return errors.New("verify: " + res.Mismatch + "; verify with the config the job ran with")
 	}
+	if rep.Unrepaired > 0 {
+		return fmt.Errorf("verify --repair could not repair %d entries (listed above: each is in the way of an output and cannot be removed); remove them by hand, then `extract verify --repair` again", rep.Unrepaired)
+	}
 	bad := rep.Missing + rep.Corrupt + rep.Orphans + rep.TempFiles
 	if bad > 0 && !opt.Repair {
-		return errors.New("verify found problems; `extract verify --repair` fixes the index (then `extract run --resume` redoes the samples)")
+		return fmt.Errorf("verify found problems; `%s` fixes the index (then `extract run --resume%s` redoes the samples)", repairCommand(opt, cf.shard), shardFlag(cf.shard))
 	}
 	return nil
 }
 
-func printVerify(out io.Writer, res orchestrator.VerifyResult) {
+// printVerify prints the problems and the counts; failed is the error a rebuild ended
+// with, after which nothing was put in place and nothing counts as repaired.
+func printVerify(out io.Writer, res orchestrator.VerifyResult, failed error) {
 	rep := res.VerifyReport
 	if res.Mismatch != "" {
 		fmt.Fprintln(out, res.Mismatch)
@@ -102,8 +106,35 @@ func printVerify(out io.Writer, res orchestrator.VerifyResult) {
 		if rb.MovedAside != "" {
 			fmt.Fprintf(out, "; moved aside to %s", rb.MovedAside)
 		}
+		if failed != nil {
+			fmt.Fprintf(out, "; the rebuild from %d files failed and no index was put in place: fix the cause, then `extract verify --repair` again\n", rb.Files)
+			return
+		}
 		fmt.Fprintf(out, "; rebuilt from %d files: %d adopted, %d refused (attempt base %d)\n", rb.Files, rb.Adopted, rb.Refused, rb.AttemptBase)
 	}
-	fmt.Fprintf(out, "checked %d: %d ok, %d missing, %d corrupt, %d unindexed files, %d temp files; %d repaired\n",
+	fmt.Fprintf(out, "checked %d: %d ok, %d missing, %d corrupt, %d unindexed files, %d temp files; %d repaired",
 		rep.Checked, rep.OK, rep.Missing, rep.Corrupt, rep.Orphans, rep.TempFiles, rep.Repaired)
+	if rep.Unrepaired > 0 {
+		fmt.Fprintf(out, ", %d could not be repaired", rep.Unrepaired)
+	}
+	fmt.Fprintln(out)
+}
+
+// repairCommand is the command that repairs what a verify with opt found: a problem only
+// --deep sees (a crc32c, a token) needs --deep again, or the repair checks shallowly,
+// finds nothing and says "0 repaired".
+func repairCommand(opt checkpoint.VerifyOptions, shard string) string {
+	c := "extract verify --repair"
+	if opt.Deep {
+		c = "extract verify --deep --repair"
+	}
+	return c + shardFlag(shard)
+}
+
+// shardFlag repeats the --shard the command was given, so that advice names the same shard.
+func shardFlag(shard string) string {
+	if shard == "" {
+		return ""
+	}
+	return " --shard " + shard
 }

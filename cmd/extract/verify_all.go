@@ -3,34 +3,18 @@ package main
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
 )
 
-// refuseShardRepair stops `verify --repair` on one shard: the other shards' files in the
-// shared output dir look like this shard's orphans, and adopting them would mark samples
-// done in two indexes. Until repair filters by the shard's range, it is refused.
-func refuseShardRepair(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions) error {
-	if !opt.Repair {
-		return nil
-	}
-	cfg, err := cf.load(cmd)
-	if err != nil {
-		return err
-	}
-	if cfg.Shard.Sharded() {
-		return usageError{fmt.Errorf("verify --repair on shard %s is refused: the other shards' outputs share %s and would be adopted into this shard's index; check the job with `extract verify --all`, and redo a shard's bad samples with `extract run --resume --shard %s`", cfg.Shard, cfg.OutputDir, cfg.Shard)}
-	}
-	return nil
-}
-
 func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions) error {
 	if opt.Repair {
 		// Each shard repairs its own index; one command writing n indexes at once
 		// would be a second coordinator.
-		return usageError{errors.New("verify --all checks only; a shard's missing or bad samples are redone by `extract run --resume --shard i/n` once its index no longer says them done")}
+		return usageError{errors.New("verify --all checks only; each shard repairs its own index: `extract verify --repair --shard i/n`, then `extract run --resume --shard i/n` redoes what it sent back")}
 	}
 	cfg, err := cf.load(cmd)
 	if err != nil {
@@ -54,8 +38,31 @@ func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOpti
 	fmt.Fprintf(out, "%d shards, %d samples: %d done exactly once; %d gaps, %d overlaps, %d misplaced, %d missing, %d corrupt, %d orphan files, %d temp files, %d mismatched shards\n",
 		rep.Shards, rep.Samples, rep.Done, rep.Gaps, rep.Overlaps, rep.Misplaced, rep.Missing, rep.Corrupt, rep.Orphans, rep.TempFiles, rep.Mismatched)
 	if !rep.OK() {
-		return errors.New("verify --all found problems (listed above): `extract run --resume --shard i/n` redoes a shard's gaps")
+		return errors.New(allAdvice(rep, opt.Deep))
 	}
 	fmt.Fprintln(out, "ok: the union of the shards is the dataset, each sample exactly once")
 	return nil
+}
+
+// allAdvice says how to mend what verify --all found, shard by shard: a missing or
+// corrupt file has a done record, which only the shard's `verify --repair` (with --deep
+// when only --deep saw it) sends back to pending; then the shard's run redoes it, as it
+// does a gap.
+func allAdvice(rep orchestrator.VerifyAllReport, deep bool) string {
+	repair := "verify --repair"
+	if deep {
+		repair = "verify --deep --repair"
+	}
+	var lines []string
+	for _, r := range rep.PerShard {
+		shard := fmt.Sprintf("%d/%d", r.Shard, rep.Shards)
+		if r.Missing+r.Corrupt > 0 {
+			lines = append(lines, fmt.Sprintf("shard %s: `extract %s --shard %s`, then `extract run --resume --shard %s`", shard, repair, shard, shard))
+		}
+	}
+	msg := "verify --all found problems (listed above)"
+	if len(lines) > 0 {
+		msg += "; to redo the missing and corrupt samples:\n  " + strings.Join(lines, "\n  ")
+	}
+	return msg + "\nfor the rest: `extract " + repair + " --shard i/n` adopts a shard's sound unindexed files and removes its temp files, and `extract run --resume --shard i/n` redoes its gaps"
 }
