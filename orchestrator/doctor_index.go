@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,9 +58,17 @@ func (d *doctor) loadIndex() {
 	case err != nil:
 		verdict(failCheck(name, repairFix, "read %s: %v", path, err))
 		return
-	case !f.Exists:
-		verdict(okCheck(name, "none yet at %s; the first run creates it", path))
-		return
+	case !f.Exists || !f.Initialised:
+		if n, err := jobFiles(d.cfg, d.span()); err == nil && n > 0 {
+			// A lost index, not a new job: a run would recompute every file.
+			verdict(failCheck(name, "`extract verify --repair` rebuilds the index from them (they are self-describing), then `extract run --resume`",
+				"no job in %s, but %d output files of this job are under %s: the index was lost", path, n, d.cfg.OutputDir))
+			return
+		}
+		if !f.Exists {
+			verdict(okCheck(name, "none yet at %s; the first run creates it", path))
+			return
+		}
 	}
 	d.index = f
 	if !f.Initialised {
@@ -71,6 +80,14 @@ func (d *doctor) loadIndex() {
 		d.prog = f.Progress
 		d.complete = f.Counters.Done == f.Meta.Total
 	}
+}
+
+// span is the samples this job owns: the shard's range, or every sample.
+func (d *doctor) span() shardSpan {
+	if d.ds == nil {
+		return shardSpan{0, math.MaxInt}
+	}
+	return spanOf(d.cfg, d.ds.Len())
 }
 
 // heldIndexFacts reads what InspectIndex reads from an index the caller holds open

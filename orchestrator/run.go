@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -98,17 +100,23 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	defer lock.Release()
 
-	ix, err := checkpoint.Open(filepath.Join(cfg.StateDir, "index.db"), checkpoint.OpenOptions{Timeout: 2 * time.Second})
+	indexPath := filepath.Join(cfg.StateDir, "index.db")
+	if _, err := os.Lstat(indexPath); errors.Is(err, fs.ErrNotExist) && !opt.Fresh {
+		if err := lostIndex(cfg, ds, indexPath); err != nil {
+			return res, err
+		}
+	}
+	ix, err := checkpoint.Open(indexPath, checkpoint.OpenOptions{Timeout: 2 * time.Second})
 	if errors.Is(err, checkpoint.ErrLocked) {
 		// Someone (verify, a doctor) reads the index right now: cron should try again.
 		return res, fmt.Errorf("%w: %w", ErrTemporary, err)
 	}
 	if err != nil {
-		return res, err
+		return res, damagedIndex(err)
 	}
 	defer ix.Close()
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
-		return res, err
+		return res, damagedIndex(err)
 	}
 	if err := checkReplicaFit(cfg, nil); err != nil {
 		return res, err // exit 2: replicas × tp_size is more GPUs than the node has
@@ -140,6 +148,15 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	return res, err
 }
 
+// damagedIndex makes a damaged index a preflight refusal (exit 3) with its fix: exit 1
+// ("samples failed, resume retries") would have a supervisor restart into it forever.
+func damagedIndex(err error) error {
+	if !errors.Is(err, checkpoint.ErrDamaged) {
+		return err
+	}
+	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, repairFix)
+}
+
 // prepareIndex makes the index describe this job: a new index is initialised; one with
 // progress is continued only with --resume and only for the same dataset and config.
 func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt RunOptions) error {
@@ -158,6 +175,13 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		return err
 	}
 	if !ok {
+		if !opt.Fresh {
+			// Created but never initialised (a run refused or killed before its first
+			// txn) over the files of a lost index.
+			if err := lostIndex(cfg, ds, ix.Path()); err != nil {
+				return err
+			}
+		}
 		return ix.Init(want)
 	}
 	// The dir name says the plan too, but a renamed or copied dir must not run another

@@ -124,6 +124,10 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 			path, why, len(files), cfg.OutputDir)
 	}
 	rb, rep, err := rebuild(ctx, cfg, ds, path, why, exists, files, opt)
+	if err != nil {
+		// What the unfinished index adopted never reached index.db: nothing is repaired.
+		rep.Repaired = 0
+	}
 	res.VerifyReport, res.Rebuild = rep, rb
 	return res, err
 }
@@ -299,6 +303,41 @@ func ownedFiles(files []string, opt checkpoint.VerifyOptions) []string {
 		}
 	}
 	return own
+}
+
+// jobFiles counts the output files of cfg's layout under its output dir whose names
+// say a sample of span: what a lost index leaves behind. Names only; nothing is opened.
+func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
+	l := outputLayout(cfg)
+	dirs, err := l.DataDirs()
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return 0, fmt.Errorf("list output files in %s: %w", dir, err)
+		}
+		for _, e := range entries {
+			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// lostIndex refuses a run that would start a new index over a lost one's files: the
+// files describe themselves, and `verify --repair` rebuilds the index from them in
+// seconds, where a new job would recompute every sample (and overwrite the files).
+func lostIndex(cfg *configs.Config, ds *Dataset, path string) error {
+	n, err := jobFiles(cfg, spanOf(cfg, ds.Len()))
+	if err != nil || n == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: index %s has no job, but %d output files of this job's samples are under %s: the index was lost; `extract verify --repair` rebuilds it from the files (they are self-describing), then `extract run --resume` continues; `extract run --fresh` would recompute every sample",
+		ErrPreflight, path, n, cfg.OutputDir)
 }
 
 // attemptsSeen is the highest attempt any trace of the job shows: the rids in the

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -112,4 +113,97 @@ func TestDeepVerifyAdvisesADeepRepairAndThatRepairFindsIt(t *testing.T) {
 	}
 	j.mustRun("run", "--resume")
 	j.requireExact()
+}
+
+// With index.db lost and the job's files on disk, doctor and run see the files and point
+// at `verify --repair` (run refuses, exit 3) instead of starting a new job that
+// recomputes every sample; the advised repair then makes the job complete.
+func TestALostIndexWithItsFilesOnDiskIsRepairedNotRecomputed(t *testing.T) {
+	j := newJob(t, 12, 0)
+	j.mustRun("run")
+	if err := os.Remove(j.index()); err != nil {
+		t.Fatal(err)
+	}
+	sent := len(j.requests())
+	r := j.run("doctor")
+	if r.code == 0 || !strings.Contains(r.stdout+r.stderr, "12 output files") || !strings.Contains(r.stdout+r.stderr, "verify --repair") {
+		t.Fatalf("doctor with the index lost: exit %d, want a failure naming the 12 files and verify --repair\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	r = j.run("run", "--resume")
+	if r.code != 3 || !strings.Contains(r.stderr, "12 output files") || !strings.Contains(r.stderr, "`extract verify --repair`") {
+		t.Fatalf("run --resume with the index lost: exit %d, want 3 pointing at verify --repair\n%s", r.code, r.stderr)
+	}
+	if n := len(j.requests()); n != sent {
+		t.Fatalf("the refused run sent %d requests", n-sent)
+	}
+	r = j.mustRun("verify", "--repair")
+	if !strings.Contains(r.stdout, "12 adopted, 0 refused") {
+		t.Fatalf("verify --repair: %s", r.stdout)
+	}
+	r = j.mustRun("run", "--resume")
+	if n := len(j.requests()); n != sent {
+		t.Fatalf("the run after the rebuild sent %d requests; want none (complete)", n-sent)
+	}
+	j.requireExact()
+}
+
+// A damaged index is a preflight refusal (exit 3) with the repair's hint, not exit 1,
+// which a supervisor's Restart=on-failure would loop on.
+func TestADamagedIndexRefusesTheRunWithExitThreeAndTheRepairHint(t *testing.T) {
+	j := newJob(t, 6, 0)
+	j.mustRun("run")
+	if err := os.WriteFile(j.index(), make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := j.run("run", "--resume")
+	if r.code != 3 || !strings.Contains(r.stderr, "verify --repair") || crashed(r) {
+		t.Fatalf("run --resume over a damaged index: exit %d, want 3 with the verify --repair hint\n%s", r.code, r.stderr)
+	}
+}
+
+// A rebuild that runs out of room on the state disk says so and counts nothing as
+// repaired: no index was put in place.
+func TestARebuildThatFillsTheStateDiskRepairsNothing(t *testing.T) {
+	j := newJob(t, 600, 0)
+	mnt := filepath.Join(t.TempDir(), "state")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=16m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	j.state = mnt
+	j.env = append(j.env, "EXTRACT_STATE_DIR="+mnt)
+	j.mustRun("run")
+	if err := os.Remove(j.index()); err != nil {
+		t.Fatal(err)
+	}
+	fillDisk(t, mnt, 48<<10)
+	r := j.run("verify", "--repair")
+	if r.code == 0 || !strings.Contains(r.stdout, "the rebuild from 600 files failed and no index was put in place") {
+		t.Fatalf("verify --repair on a full state disk: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if regexp.MustCompile(`[1-9][0-9]* repaired`).MatchString(r.stdout) {
+		t.Fatalf("a failed rebuild counts samples as repaired:\n%s", r.stdout)
+	}
+	if !strings.Contains(r.stderr, "no space left") {
+		t.Fatalf("the error does not say the disk is full:\n%s", r.stderr)
+	}
+}
+
+// fillDisk writes a filler file into dir until only about left bytes are free.
+func fillDisk(t *testing.T, dir string, left int64) {
+	t.Helper()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if free <= left {
+		return
+	}
+	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, free-left), 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
