@@ -210,7 +210,9 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
 
 	if err := j.measure(); err != nil {
-		return res, err
+		// Before any work: the output disk or a staging dir is unusable (a file where a
+		// replica's dir belongs). The node's state, exit 3, not a failed sample.
+		return res, fmt.Errorf("%w: %w", ErrPreflight, err)
 	}
 
 	// Watch before anything can write a dump, then list what is already there: in every
@@ -218,7 +220,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	var leftovers []shm.Dump
 	for _, dir := range j.cfg.StagingDirs() {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return res, fmt.Errorf("create staging dir %s: %w", dir, err)
+			return res, fmt.Errorf("%w: create staging dir %s: %w", ErrPreflight, dir, err)
 		}
 		w, err := shm.NewWatcher(dir, j.log)
 		if err != nil {

@@ -207,3 +207,20 @@ func fillDisk(t *testing.T, dir string, left int64) {
 		t.Fatal(err)
 	}
 }
+
+// A regular file where a replica's staging dir belongs is the node's state, a preflight
+// refusal (exit 3), not exit 1.
+func TestAReplicaStagingDirThatIsAFileRefusesTheRunWithExitThree(t *testing.T) {
+	j := newJob(t, 4, 0)
+	j.withReplicas(2)
+	if err := os.MkdirAll(j.shmDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(j.shmDir, "r1"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := j.run("run")
+	if r.code != 3 || !strings.Contains(r.stderr, filepath.Join(j.shmDir, "r1")) {
+		t.Fatalf("run with a file at replica 1's staging dir: exit %d, want 3 naming it\n%s", r.code, r.stderr)
+	}
+}
