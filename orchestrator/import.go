@@ -76,7 +76,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := makeJobDirs(cfg); err != nil {
 		return rep, err
 	}
-	lock, err := AcquireLock(cfg.StateDir)
+	lock, err := AcquireLock(cfg.StateDir, "import")
 	var held *HeldError
 	if errors.As(err, &held) {
 		return rep, fmt.Errorf("%w: %v; import after it stops", ErrTemporary, held)

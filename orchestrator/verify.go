@@ -92,7 +92,7 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 		}
 	}
 	if _, err := os.Stat(cfg.StateDir); err == nil {
-		lock, err := AcquireLock(cfg.StateDir)
+		lock, err := AcquireLock(cfg.StateDir, "verify")
 		var held *HeldError
 		if errors.As(err, &held) {
 			return res, fmt.Errorf("%w: %v; verify after it stops (`extract status` shows its progress)", ErrTemporary, held)
