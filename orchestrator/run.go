@@ -79,7 +79,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := checkShardPlan(cfg); err != nil {
 		return res, err
 	}
-	ds, err := OpenDatasetCached(cfg.Dataset, cfg.StateDir)
+	ds, err := OpenDatasetCached(ctx, cfg)
 	if err != nil {
 		return res, err
 	}

@@ -91,7 +91,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 		slices.Sort(ns)
 		return rep, fmt.Errorf("%w: state dir %s holds more than one plan (%v shards): move the old one aside", ErrRefused, base, ns)
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
