@@ -36,6 +36,13 @@ type Config struct {
 	Status    Status   `mapstructure:"status"`
 	Log       Log      `mapstructure:"log"`
 	Shard     Shard    `mapstructure:"shard"`
+
+	// ShmGroup is the group (name or gid) of a server that runs as another user: the
+	// staging dir is then made group-owned and group-writable (02770), and only then may
+	// it be group-writable. "": the staging dir is ours alone (0700).
+	ShmGroup string `mapstructure:"shm_group"`
+	// DatasetMaxLine bounds one dataset line: a longer one is refused, naming it.
+	DatasetMaxLine ByteSize `mapstructure:"dataset_max_line"`
 }
 
 // Server describes the SGLang server (or the simulator standing in for it).
@@ -69,6 +76,10 @@ type Server struct {
 	LogMaxSize    ByteSize      `mapstructure:"log_max_size"`
 	Simulator     Simulator     `mapstructure:"simulator"`
 	Transformers  Transformers  `mapstructure:"transformers"`
+
+	// IsolateAfterDeaths: a sample in flight at that many server deaths or hangs is sent
+	// alone; if the server dies with it alone, it fails ("server died with it in flight").
+	IsolateAfterDeaths int `mapstructure:"isolate_after_deaths"`
 }
 
 // Transformers configures extract's own server over a Hugging Face model
@@ -98,6 +109,11 @@ type Simulator struct {
 	// RequestLog is a file the simulator appends "rid port open" of every request to (tests);
 	// replicas share it (O_APPEND, one write a line).
 	RequestLog string `mapstructure:"request_log"`
+
+	// CrashOnSamples makes the simulator exit (status 3) whenever a request for one of
+	// these samples arrives, with whatever else is in flight: a prompt that kills the
+	// server, for tests of the poison rule.
+	CrashOnSamples []int `mapstructure:"crash_on_samples"`
 }
 
 // Run tunes the pipeline.
@@ -171,6 +187,8 @@ func Default() Config {
 			LogMaxSize:     256 << 20,
 			Simulator:      Simulator{HiddenSize: 64},
 			Transformers:   Transformers{MaxBatchTokens: 16384, MaxBatchRequests: 64, Dtype: "bfloat16"},
+
+			IsolateAfterDeaths: 2,
 		},
 		Run: Run{
 			MaxInflight:    32,
@@ -185,6 +203,8 @@ func Default() Config {
 		Output: Output{Format: "safetensors", Compress: "none"},
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
+
+		DatasetMaxLine: 32 << 20,
 	}
 }
 

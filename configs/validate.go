@@ -49,6 +49,16 @@ func (c *Config) Validate() error {
 	if c.ShmDir == "" {
 		bad("shm_dir", "required")
 	}
+	// A dataset line's length is kept as an int32; past 1 GiB a line is no prompt.
+	if c.DatasetMaxLine < 1<<10 || c.DatasetMaxLine > 1<<30 {
+		bad("dataset_max_line", "must be 1KiB..1GiB, got %s", c.DatasetMaxLine)
+	}
+	intIn("server.isolate_after_deaths", c.Server.IsolateAfterDeaths, 1, maxCount)
+	for _, s := range c.Server.Simulator.CrashOnSamples {
+		if s < 0 {
+			bad("server.simulator.crash_on_samples", "sample indices must be ≥ 0, got %d", s)
+		}
+	}
 	errs = append(errs, c.checkDirs()...)
 	switch c.Server.Kind {
 	case "sglang":

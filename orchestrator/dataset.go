@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -10,10 +11,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"math"
 	"os"
 	"syscall"
 	"time"
+
+	"github.com/extract-dev/extract/configs"
+	"golang.org/x/sys/unix"
 )
 
 // ErrBadDataset marks a dataset the user must fix (exit 2).
@@ -79,18 +82,68 @@ type rawSample struct {
 }
 
 // OpenDataset reads and checks every line before any GPU time is spent. An error names
-// the line (1-based, as editors show it) and the sample index (0-based).
+// the line (1-based, as editors show it) and the sample index (0-based). Lines are
+// bounded by the default dataset_max_line; a job's commands use OpenJobDataset.
 func OpenDataset(path string) (*Dataset, error) {
-	f, err := os.Open(path)
+	return openDataset(context.Background(), path, configs.Default().DatasetMaxLine)
+}
+
+// OpenJobDataset is OpenDataset of cfg's dataset with its dataset_max_line, ending with
+// ErrTemporary when ctx does (a SIGTERM while a large dataset is read).
+func OpenJobDataset(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
+	return openDataset(ctx, cfg.Dataset, cfg.DatasetMaxLine)
+}
+
+func openDataset(ctx context.Context, path string, maxLine configs.ByteSize) (*Dataset, error) {
+	f, err := openDatasetFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadDataset, err)
+		return nil, err
 	}
 	d := &Dataset{Path: path, f: f}
-	if err := d.index(); err != nil {
+	if err := d.index(ctx, maxLine); err != nil {
 		f.Close()
 		return nil, err
 	}
 	return d, nil
+}
+
+// openDatasetFile opens the dataset without trusting what the path names: with
+// O_NONBLOCK, so a FIFO (or a symlink to one) cannot hang the open, then fstat of what
+// was opened, which must be a regular file (a FIFO, a device such as /dev/zero, a
+// directory or a socket is refused). A symlink to a regular file is followed: a dataset
+// kept in a managed folder and linked is common, and the open file is what is read.
+func openDatasetFile(path string) (*os.File, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, &os.PathError{Op: "open", Path: path, Err: err})
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: stat dataset %s: %w", ErrBadDataset, path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, fmt.Errorf("%w: dataset %s is %s, not a regular file: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, path, fileKind(st.Mode))
+	}
+	return os.NewFile(uintptr(fd), path), nil
+}
+
+// fileKind names a stat mode's file type for messages.
+func fileKind(mode uint32) string {
+	switch mode & unix.S_IFMT {
+	case unix.S_IFIFO:
+		return "a FIFO (named pipe)"
+	case unix.S_IFDIR:
+		return "a directory"
+	case unix.S_IFCHR:
+		return "a character device"
+	case unix.S_IFBLK:
+		return "a block device"
+	case unix.S_IFSOCK:
+		return "a socket"
+	}
+	return fmt.Sprintf("not a regular file (mode %#o)", mode&unix.S_IFMT)
 }
 
 // statOpen is the open file's identity now.
@@ -102,8 +155,14 @@ func (d *Dataset) statOpen() (fileID, error) {
 	return fileIDOf(fi), nil
 }
 
-func (d *Dataset) index() error {
+// index reads every line, refusing one longer than maxLine (memory stays bounded
+// whatever the file holds), and hashes the file meanwhile; it stops with ErrTemporary
+// when ctx ends.
+func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 	path, f := d.Path, d.f
+	if maxLine <= 0 {
+		maxLine = configs.Default().DatasetMaxLine // a config built in code, not loaded
+	}
 	began := time.Now()
 	keyBefore, keyErr := cacheKeyOf(f)
 	before, err := d.statOpen()
@@ -114,13 +173,32 @@ func (d *Dataset) index() error {
 	// resume of a 500 MB dataset the two together are most of the time to the first request.
 	// It reads the open file, not the path: a file renamed over the path meanwhile must not
 	// be the one hashed.
+	hashCtx, stopHash := context.WithCancel(ctx)
+	defer stopHash()
 	fp := make(chan hashResult, 1)
-	go func() { fp <- hashFile(f) }()
+	go func() { fp <- hashFile(hashCtx, f) }()
+	stopped := func() error {
+		stopHash()
+		<-fp
+		return fmt.Errorf("%w: stopped (%v) while reading dataset %s", ErrTemporary, context.Cause(ctx), path)
+	}
 	r := bufio.NewReaderSize(f, 1<<20)
 	var off int64
 	var long []byte // a line longer than the reader's buffer, assembled
 	for {
+		if ctx.Err() != nil {
+			return stopped()
+		}
 		line, err := r.ReadSlice('\n')
+		n := int64(len(long)) + int64(len(line))
+		if err == nil {
+			n-- // the newline
+		}
+		if n > int64(maxLine) {
+			stopHash()
+			<-fp
+			return fmt.Errorf("%w: %s line %d (sample %d) is longer than dataset_max_line (%s): is this a JSONL dataset? raise dataset_max_line if a line is meant to be that long", ErrBadDataset, path, len(d.lines)+1, len(d.lines), maxLine)
+		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			long = append(long, line...)
 			continue
@@ -160,6 +238,9 @@ func (d *Dataset) index() error {
 		}
 	}
 	h := <-fp
+	if ctx.Err() != nil {
+		return stopped()
+	}
 	if h.err != nil {
 		return fmt.Errorf("read dataset %s: %w", path, h.err)
 	}
@@ -194,14 +275,26 @@ type hashResult struct {
 }
 
 // hashFile is the dataset fingerprint: the sha256 of the file's bytes. It reads with
-// ReadAt, so it shares f with the line pass, which reads through f's offset.
-func hashFile(f *os.File) hashResult {
+// ReadAt, so it shares f with the line pass, which reads through f's offset; it stops
+// between chunks when ctx ends.
+func hashFile(ctx context.Context, f *os.File) hashResult {
 	h := sha256.New()
-	n, err := io.CopyBuffer(h, io.NewSectionReader(f, 0, math.MaxInt64), make([]byte, 1<<20))
-	if err != nil {
-		return hashResult{err: err}
+	buf := make([]byte, 1<<20)
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return hashResult{err: err}
+		}
+		k, err := f.ReadAt(buf, n)
+		h.Write(buf[:k])
+		n += int64(k)
+		if errors.Is(err, io.EOF) {
+			return hashResult{sum: hex.EncodeToString(h.Sum(nil)), size: n}
+		}
+		if err != nil {
+			return hashResult{err: err}
+		}
 	}
-	return hashResult{sum: hex.EncodeToString(h.Sum(nil)), size: n}
 }
 
 // scanIDsLine recognises the common line, {"input_ids":[...]} with an optional

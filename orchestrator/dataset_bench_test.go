@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"bufio"
+	"context"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -97,13 +98,13 @@ func BenchmarkOpenDatasetCached(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.SetBytes(st.Size())
-			d, err := OpenDatasetCached(path, state)
+			d, err := OpenDatasetCached(context.Background(), datasetConfig(path, state))
 			if err != nil {
 				b.Fatal(err)
 			}
 			d.Close()
 			for b.Loop() {
-				d, err := OpenDatasetCached(path, state)
+				d, err := OpenDatasetCached(context.Background(), datasetConfig(path, state))
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -2,15 +2,16 @@ package orchestrator
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"hash/crc32"
 	"os"
 	"path/filepath"
 	"syscall"
 	"time"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
@@ -87,25 +88,27 @@ func cacheKeyOf(f *os.File) (cacheKey, error) {
 // stateDir when the dataset file is provably the one they were computed from (see
 // datasetCacheName), and otherwise reads it in full and keeps them there for the next
 // start. A cache that is missing, stale, corrupt or unreadable is never an error: the
-// dataset is read in full. stateDir is created if it is missing ("" keeps no cache).
-func OpenDatasetCached(path, stateDir string) (*Dataset, error) {
-	f, err := os.Open(path)
+// dataset is read in full (bounded by dataset_max_line, stopped with ErrTemporary when
+// ctx ends). stateDir is created if it is missing ("" keeps no cache).
+func OpenDatasetCached(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
+	path, stateDir := cfg.Dataset, cfg.StateDir
+	f, err := openDatasetFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadDataset, err)
+		return nil, err
 	}
 	d := &Dataset{Path: path, f: f}
 	cachePath := ""
 	if stateDir != "" {
 		cachePath = filepath.Join(stateDir, datasetCacheName)
 		if key, err := cacheKeyOf(f); err == nil && ctimeFS[key.fsType] != "" {
-			if c, err := readDatasetCache(cachePath); err == nil && c.key == key {
+			if c, err := readDatasetCache(cachePath); err == nil && c.key == key && (cfg.DatasetMaxLine <= 0 || c.linesWithin(cfg.DatasetMaxLine)) {
 				d.lines, d.Fingerprint, d.Size, d.cached = c.lines, c.fingerprint, key.size, true
 				d.stat = fileID{dev: key.dev, ino: key.ino, size: key.size, mtime: key.mtime}
 				return d, nil
 			}
 		}
 	}
-	if err := d.index(); err != nil {
+	if err := d.index(ctx, cfg.DatasetMaxLine); err != nil {
 		f.Close()
 		return nil, err
 	}
@@ -174,6 +177,17 @@ var errBadCache = errors.New("not a valid dataset cache")
 
 // readDatasetCache reads and checks a cache file: a torn, truncated or corrupted one is
 // errBadCache (the crc32c and the lines' own consistency), never lines.
+// linesWithin says whether every cached line fits maxLine: a cache kept under a larger
+// dataset_max_line must not let a line past the current one.
+func (c datasetCache) linesWithin(maxLine configs.ByteSize) bool {
+	for _, l := range c.lines {
+		if int64(l.len) > int64(maxLine) {
+			return false
+		}
+	}
+	return true
+}
+
 func readDatasetCache(path string) (datasetCache, error) {
 	var c datasetCache
 	b, err := os.ReadFile(path)

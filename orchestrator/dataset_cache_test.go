@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -29,9 +30,16 @@ func settledDataset(t *testing.T, n int) (path, stateDir string) {
 	return path, filepath.Join(t.TempDir(), "state")
 }
 
+// datasetConfig is the default config with the dataset and state dir set.
+func datasetConfig(path, stateDir string) *configs.Config {
+	cfg := configs.Default()
+	cfg.Dataset, cfg.StateDir = path, stateDir
+	return &cfg
+}
+
 func openCached(t *testing.T, path, stateDir string) *Dataset {
 	t.Helper()
-	d, err := OpenDatasetCached(path, stateDir)
+	d, err := OpenDatasetCached(context.Background(), datasetConfig(path, stateDir))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +199,7 @@ func TestADatasetWrittenWithinTheRacyMarginIsNotCached(t *testing.T) {
 
 func TestABadDatasetIsStillRefusedNamingTheLineWithACacheDir(t *testing.T) {
 	path := writeDataset(t, `{"input_ids": [1]}`+"\n"+`{"input_ids": []}`+"\n")
-	_, err := OpenDatasetCached(path, filepath.Join(t.TempDir(), "state"))
+	_, err := OpenDatasetCached(context.Background(), datasetConfig(path, filepath.Join(t.TempDir(), "state")))
 	if !errors.Is(err, ErrBadDataset) || !strings.Contains(err.Error(), "line 2 (sample 1)") {
 		t.Fatalf("err = %v, want ErrBadDataset naming line 2 (sample 1)", err)
 	}

@@ -120,7 +120,10 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	if opt.GPUs == nil {
 		d.opt.GPUs = sglang.NewGPUInspector(nil)
 	}
-	dataset := d.loadDataset()
+	dataset := d.loadDataset(ctx)
+	if err := ctx.Err(); err != nil {
+		return DoctorReport{}, fmt.Errorf("%w: stopped (%v) during the checks", ErrTemporary, err)
+	}
 	// Read first, and closed at once: a run started while the probes below take their
 	// time must not find the index locked (issue 8, item 10).
 	d.loadIndex()
@@ -151,7 +154,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	}
 	for _, s := range steps {
 		if err := ctx.Err(); err != nil {
-			return rep, err
+			return rep, fmt.Errorf("%w: stopped (%v) during the checks", ErrTemporary, err)
 		}
 		for _, c := range s.run(ctx) {
 			if s.server && d.complete && c.Status == CheckFail {
@@ -162,7 +165,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return rep, err
+		return rep, fmt.Errorf("%w: stopped (%v) during the checks", ErrTemporary, err)
 	}
 	rep.OK = len(rep.Failed()) == 0
 	rep.RunningPID = d.running
@@ -219,10 +222,10 @@ func failCheck(name, fix, format string, args ...any) Check {
 func fmtSize(n int64) string { return configs.ByteSize(n).String() }
 
 // loadDataset opens the dataset (unless the caller did) and says how it stands.
-func (d *doctor) loadDataset() Check {
+func (d *doctor) loadDataset(ctx context.Context) Check {
 	d.ds = d.opt.Dataset
 	if d.ds == nil {
-		ds, err := OpenDataset(d.cfg.Dataset)
+		ds, err := OpenJobDataset(ctx, d.cfg)
 		if err != nil {
 			fix := "point dataset at the job's JSONL file"
 			if strings.Contains(err.Error(), " line ") {

@@ -31,19 +31,28 @@ func (d *doctor) loadIndex() {
 	if d.opt.Index != nil {
 		f, err = heldIndexFacts(d.opt.Index, d.cfg.OutputDir)
 	} else {
-		if pid, held := LockHolder(d.cfg.StateDir); held {
-			d.running = pid
+		if h, held := LockHolder(d.cfg.StateDir); held {
+			if !h.IsRun() {
+				verdict(warnCheck(name, "wait for it to end, then run doctor again for the index checks (a run started now exits 75)",
+					"%s holds the lock; the index is not opened meanwhile", h))
+				return
+			}
+			d.running = h.PID
 			verdict(warnCheck(name, "`extract status` shows its progress; run doctor again after it stops for the index checks",
-				"a run is in progress (pid %d); the index is not opened while it runs", pid))
+				"a run is in progress (pid %d); the index is not opened while it runs", h.PID))
 			return
 		}
 		f, err = checkpoint.InspectIndex(path, checkpoint.InspectOptions{OutputDir: d.cfg.OutputDir, StatSample: doctorStatSample, Timeout: doctorIndexTimeout})
 	}
 	switch {
 	case errors.Is(err, checkpoint.ErrLocked):
-		if pid, held := LockHolder(d.cfg.StateDir); held {
-			d.running = pid
-			verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", pid))
+		if h, held := LockHolder(d.cfg.StateDir); held {
+			if !h.IsRun() {
+				verdict(warnCheck(name, "wait for it to end, then run doctor again for the index checks", "%s holds the index; it was not read", h))
+				return
+			}
+			d.running = h.PID
+			verdict(warnCheck(name, "`extract status` shows its progress", "a run started while doctor ran (pid %d); the index was not read", h.PID))
 			return
 		}
 		verdict(warnCheck(name, "wait for the other extract command (e.g. verify --repair) to finish", "%v", err))

@@ -437,7 +437,7 @@ func TestDoctorIndexStatCheckFindsMissingAndTruncatedOutputs(t *testing.T) {
 func TestDoctorNeverOpensTheIndexWhileARunHoldsTheLock(t *testing.T) {
 	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(4, 10))
 	indexJob(t, cfg, nil)
-	lock, err := AcquireLock(cfg.StateDir)
+	lock, err := AcquireLock(cfg.StateDir, "run")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func Export(ctx context.Context, cfg *configs.Config, opt ExportOptions) (checkp
 	if _, err := os.Stat(path); err != nil {
 		return rep, fmt.Errorf("%w: no index at %s: nothing to export", ErrRefused, path)
 	}
-	lock, err := AcquireLock(cfg.StateDir)
+	lock, err := AcquireLock(cfg.StateDir, "export")
 	var held *HeldError
 	if errors.As(err, &held) {
 		return rep, fmt.Errorf("%w: %v; export after it stops", ErrTemporary, held)

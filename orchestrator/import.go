@@ -68,7 +68,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if abs, _ := filepath.Abs(opt.From); abs == cfg.OutputDir {
 		return rep, fmt.Errorf("%w: --from is the output dir itself; `extract verify --repair` adopts extract's own files there", ErrRefused)
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
@@ -76,7 +76,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := makeJobDirs(cfg); err != nil {
 		return rep, err
 	}
-	lock, err := AcquireLock(cfg.StateDir)
+	lock, err := AcquireLock(cfg.StateDir, "import")
 	var held *HeldError
 	if errors.As(err, &held) {
 		return rep, fmt.Errorf("%w: %v; import after it stops", ErrTemporary, held)

@@ -12,7 +12,7 @@ import (
 // A child process holds the lock, as a second `extract run` would see it.
 func TestLockHeldByAnotherProcessNamesItsPID(t *testing.T) {
 	if os.Getenv("LOCK_CHILD_DIR") != "" {
-		if _, err := AcquireLock(os.Getenv("LOCK_CHILD_DIR")); err != nil {
+		if _, err := AcquireLock(os.Getenv("LOCK_CHILD_DIR"), "verify"); err != nil {
 			os.Exit(1)
 		}
 		os.Stdout.WriteString("locked\n")
@@ -31,13 +31,13 @@ func TestLockHeldByAnotherProcessNamesItsPID(t *testing.T) {
 		t.Fatalf("child did not lock: %q %v", buf, err)
 	}
 
-	_, err := AcquireLock(dir)
+	_, err := AcquireLock(dir, "run")
 	var held *HeldError
-	if !errors.As(err, &held) || held.PID != child.Process.Pid {
-		t.Fatalf("AcquireLock = %v, want HeldError naming pid %d", err, child.Process.Pid)
+	if !errors.As(err, &held) || held.Holder.PID != child.Process.Pid || held.Holder.Command != "verify" {
+		t.Fatalf("AcquireLock = %v, want HeldError naming verify, pid %d", err, child.Process.Pid)
 	}
-	if pid, ok := LockHolder(dir); !ok || pid != child.Process.Pid {
-		t.Errorf("LockHolder = %d, %v", pid, ok)
+	if h, ok := LockHolder(dir); !ok || h.PID != child.Process.Pid || h.IsRun() || h.String() != "extract verify (pid "+strconv.Itoa(child.Process.Pid)+")" {
+		t.Errorf("LockHolder = %+v, %v; want the verify child", h, ok)
 	}
 
 	// SIGKILL releases the flock: the next run must not be blocked by a crashed one.
@@ -46,13 +46,13 @@ func TestLockHeldByAnotherProcessNamesItsPID(t *testing.T) {
 	if _, ok := LockHolder(dir); ok {
 		t.Fatal("lock still held after its holder was killed")
 	}
-	l, err := AcquireLock(dir)
+	l, err := AcquireLock(dir, "run")
 	if err != nil {
 		t.Fatalf("AcquireLock after the holder died: %v", err)
 	}
 	defer l.Release()
-	if got := readLockPID(lockPath(dir)); got != os.Getpid() {
-		t.Errorf("lock file says pid %d, want ours %s", got, strconv.Itoa(os.Getpid()))
+	if got := readHolder(lockPath(dir)); got.PID != os.Getpid() || got.Command != "run" || got.StartTime == 0 || got.PIDNamespace == 0 || got.BootID == "" {
+		t.Errorf("lock file says %+v, want ours (pid %d, run) with what proves it", got, os.Getpid())
 	}
 }
 
@@ -77,7 +77,7 @@ func TestProbingTheLockNeverMakesAcquiringItFail(t *testing.T) {
 	}()
 	failed := 0
 	for range 2000 {
-		l, err := AcquireLock(dir)
+		l, err := AcquireLock(dir, "run")
 		if err != nil {
 			failed++
 			continue
@@ -96,7 +96,7 @@ func TestProbingTheLockNeverMakesAcquiringItFail(t *testing.T) {
 
 func TestLockNoticesItsFileRemovedOrReplaced(t *testing.T) {
 	dir := t.TempDir()
-	l, err := AcquireLock(dir)
+	l, err := AcquireLock(dir, "run")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -74,14 +74,14 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	// A cron-started run must leave at once when another holds the lock, before it reads
 	// a large dataset.
-	if pid, held := LockHolder(cfg.StateDir); held {
-		return Result{Outcome: AlreadyRunning, HolderPID: pid, OutputDir: cfg.OutputDir}, nil
+	if h, held := LockHolder(cfg.StateDir); held {
+		return alreadyHeld(cfg, h)
 	}
 	// Before the dataset is read: a changed split is a usage error whatever the data.
 	if err := checkShardPlan(cfg); err != nil {
 		return res, err
 	}
-	ds, err := OpenDatasetCached(cfg.Dataset, cfg.StateDir)
+	ds, err := OpenDatasetCached(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
@@ -90,10 +90,10 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := makeJobDirs(cfg); err != nil {
 		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
 	}
-	lock, err := AcquireLock(cfg.StateDir)
+	lock, err := AcquireLock(cfg.StateDir, "run")
 	var held *HeldError
 	if errors.As(err, &held) {
-		return Result{Outcome: AlreadyRunning, HolderPID: held.PID, OutputDir: cfg.OutputDir}, nil
+		return alreadyHeld(cfg, held.Holder)
 	}
 	if err != nil {
 		return res, err
@@ -155,6 +155,16 @@ func damagedIndex(err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, repairFix)
+}
+
+// alreadyHeld is a run's answer to a lock another process holds: another run is the job
+// going already (exit 0); verify, import or export end soon, and the run is worth a
+// retry then (exit 75).
+func alreadyHeld(cfg *configs.Config, h Holder) (Result, error) {
+	if !h.IsRun() {
+		return Result{OutputDir: cfg.OutputDir}, fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, h, lockPath(cfg.StateDir))
+	}
+	return Result{Outcome: AlreadyRunning, HolderPID: h.PID, OutputDir: cfg.OutputDir}, nil
 }
 
 // prepareIndex makes the index describe this job: a new index is initialised; one with

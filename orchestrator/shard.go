@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -147,7 +148,7 @@ func Plan(cfg *configs.Config, n int) ([]PlanRow, error) {
 	if n < 1 || n > configs.MaxShards {
 		return nil, fmt.Errorf("%w: --shards must be 1..%d, got %d", ErrRefused, configs.MaxShards, n)
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenJobDataset(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}

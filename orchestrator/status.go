@@ -29,7 +29,10 @@ type Status struct {
 	State  string `json:"state"`  // running | stopped | complete
 	Source string `json:"source"` // live | snapshot | index
 	PID    int    `json:"pid,omitempty"`
-	Total  int    `json:"total"` // this run's samples: the shard's when sharded
+	// LockHolder names the extract command other than a run that holds the lock
+	// (verify, import, export), e.g. "extract verify (pid 42)"; no run is going then.
+	LockHolder string `json:"lock_holder,omitempty"`
+	Total      int    `json:"total"` // this run's samples: the shard's when sharded
 	// DatasetSamples is the whole dataset's size, which a shard's range is cut from.
 	DatasetSamples   int              `json:"dataset_samples,omitempty"`
 	Done             int              `json:"done"`
@@ -228,7 +231,18 @@ func progressPath(stateDir string) string { return filepath.Join(stateDir, "prog
 // QueryStatus answers `extract status`: from the live process when a run holds the lock,
 // else from the index. It never opens the index while a run holds it.
 func QueryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
-	if pid, held := LockHolder(cfg.StateDir); held {
+	h, held := LockHolder(cfg.StateDir)
+	if held && !h.IsRun() {
+		// verify, import or export: no run to ask, and its lock is no sign of one.
+		st, err := statusFromIndex(cfg)
+		if errors.Is(err, checkpoint.ErrLocked) {
+			// It writes the index (verify --repair, import): the figures wait until it ends.
+			st, err = Status{State: "stopped", Source: "lock", ETASeconds: -1, Dataset: cfg.Dataset, OutputDir: cfg.OutputDir}, nil
+		}
+		st.LockHolder = h.String()
+		return st, err
+	}
+	if pid := h.PID; held {
 		if st, err := queryLive(ctx, cfg.StateDir); err == nil {
 			return st, nil
 		}

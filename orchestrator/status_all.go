@@ -185,7 +185,8 @@ func shardStatus(ctx context.Context, cfg *configs.Config, i int) ShardStatus {
 		return r
 	}
 	var st Status
-	if pid, held := LockHolder(cfg.StateDir); held {
+	if h, held := LockHolder(cfg.StateDir); held && h.IsRun() {
+		pid := h.PID
 		r.PID = pid
 		ri, riErr := readRunInfo(cfg.StateDir)
 		r.Host = ri.Host

@@ -34,6 +34,23 @@ func (b *restartBudget) spend(now time.Time) (int, bool) {
 	return len(b.times), len(b.times) <= b.max
 }
 
+// maxRestartBackoff caps the wait before a restart: past a minute a longer wait buys
+// nothing (the budget's window decides when to give up), and an uncapped doubling
+// would wait hours by the 13th restart and overflow by the 35th.
+const maxRestartBackoff = time.Minute
+
+// restartBackoff is the wait before the n-th restart within the window (n ≥ 1): 1 s,
+// doubling, at most maxRestartBackoff.
+func restartBackoff(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	if n > 7 { // 2^6 s already exceeds the cap; the shift never overflows
+		return maxRestartBackoff
+	}
+	return min(time.Second<<(n-1), maxRestartBackoff)
+}
+
 // replica is one server of the job (server.replicas) and what the coordinator knows of
 // it. Its Manager and Client are safe to use from any goroutine; the rest is the
 // coordinator's.
@@ -390,7 +407,7 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 	rep.status.State = "restarting"
 	j.metrics.restarts.WithLabelValues(rep.metricLabel()).Inc()
 	j.publish()
-	backoff := time.Second << (n - 1)
+	backoff := restartBackoff(n)
 	j.workers.start(fmt.Sprintf("replica %d restart", rep.n), func(ctx context.Context) error {
 		if hung {
 			if err := killHung(ctx, rep); err != nil {

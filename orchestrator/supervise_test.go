@@ -1,6 +1,9 @@
 package orchestrator
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestEachSampleGoesToTheReadyReplicaWithTheFewestTokensInFlight(t *testing.T) {
 	reps := make([]*replica, 4)
@@ -25,5 +28,16 @@ func TestEachSampleGoesToTheReadyReplicaWithTheFewestTokensInFlight(t *testing.T
 	}
 	if got := leastLoaded(reps, []int64{0, 0, 0, 0}); got != nil {
 		t.Errorf("no replica ready, got replica %d", got.n)
+	}
+}
+
+func TestRestartBackoffDoublesFromOneSecondAndStopsAtAMinute(t *testing.T) {
+	for n, want := range map[int]time.Duration{
+		1: time.Second, 2: 2 * time.Second, 6: 32 * time.Second, 7: time.Minute,
+		12: time.Minute, 36: time.Minute, 64: time.Minute, 1 << 20: time.Minute,
+	} {
+		if got := restartBackoff(n); got != want {
+			t.Errorf("restart %d waits %v, want %v", n, got, want)
+		}
 	}
 }

@@ -67,7 +67,7 @@ func (s datasetSource) Sample(i int) ([]int64, []int64, error) {
 func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptions) (VerifyResult, error) {
 	var res VerifyResult
 	path := filepath.Join(cfg.StateDir, "index.db")
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
@@ -98,7 +98,7 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 		}
 	}
 	if _, err := os.Stat(cfg.StateDir); err == nil {
-		lock, err := AcquireLock(cfg.StateDir)
+		lock, err := AcquireLock(cfg.StateDir, "verify")
 		var held *HeldError
 		if errors.As(err, &held) {
 			return res, fmt.Errorf("%w: %v; verify after it stops (`extract status` shows its progress)", ErrTemporary, held)

@@ -91,7 +91,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 		slices.Sort(ns)
 		return rep, fmt.Errorf("%w: state dir %s holds more than one plan (%v shards): move the old one aside", ErrRefused, base, ns)
 	}
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
@@ -119,7 +119,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 			rep.PerShard = append(rep.PerShard, row)
 			continue
 		}
-		lock, err := AcquireLock(dir)
+		lock, err := AcquireLock(dir, "verify")
 		var held *HeldError
 		if errors.As(err, &held) {
 			return rep, fmt.Errorf("%w: shard %d/%d is running (%v); verify --all after every shard stops (`extract status --all` shows them)", ErrTemporary, i, n, held)

@@ -243,7 +243,7 @@ func TestVerifyIsATemporaryFailureWhileARunHoldsTheLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An OFD lock conflicts with another open file description in the same process.
-	lock, err := AcquireLock(j.cfg.StateDir)
+	lock, err := AcquireLock(j.cfg.StateDir, "run")
 	if err != nil {
 		t.Fatal(err)
 	}

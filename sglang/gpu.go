@@ -26,9 +26,9 @@ type GPUReport struct {
 
 // GPU is one GPU by its NVML index.
 //
-// NVML numbers GPUs in PCI bus order; CUDA (and so server.gpus through
-// CUDA_VISIBLE_DEVICES) numbers them fastest first unless CUDA_DEVICE_ORDER=PCI_BUS_ID.
-// On a node of identical GPUs the two orders are the same.
+// NVML numbers GPUs in PCI bus order; CUDA numbers them fastest first unless
+// CUDA_DEVICE_ORDER=PCI_BUS_ID, which the launch sets with CUDA_VISIBLE_DEVICES, so
+// server.gpus means the same GPUs to the server as to doctor.
 type GPU struct {
 	Index       int
 	Present     bool

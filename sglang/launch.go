@@ -249,7 +249,10 @@ func (s LaunchSpec) addedEnv() []string {
 		for i, g := range s.GPUs {
 			ids[i] = strconv.Itoa(g)
 		}
-		env = append(env, "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
+		// CUDA numbers GPUs fastest first by default; server.gpus, doctor and the GPU
+		// sampler use NVML's numbers, which are PCI bus order: without this the server
+		// could run on GPUs other than the ones doctor checked were free.
+		env = append(env, "CUDA_DEVICE_ORDER=PCI_BUS_ID", "CUDA_VISIBLE_DEVICES="+strings.Join(ids, ","))
 	}
 	if (s.Kind == KindSGLang || s.Kind == KindTransformers) && s.HookDir != "" {
 		path := s.HookDir
@@ -268,7 +271,8 @@ func (s LaunchSpec) addedEnv() []string {
 	return append(env, "SGLANG_HS_DIR="+s.ShmDir, "SGLANG_HS_LAYERS="+joinLayers(s.Layers))
 }
 
-// Environ is the server's environment: ours, then Env, CUDA_VISIBLE_DEVICES from GPUs,
+// Environ is the server's environment: ours, then Env, CUDA_VISIBLE_DEVICES from GPUs
+// (in PCI bus order, as NVML numbers them),
 // and the dump hook's SGLANG_HS_DIR and SGLANG_HS_LAYERS.
 func (s LaunchSpec) Environ() []string {
 	return append(os.Environ(), s.addedEnv()...)

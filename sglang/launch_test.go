@@ -167,7 +167,8 @@ func TestEnvironAddsGPUsHookSettingsAndUserEnvWithManagedKeysWinning(t *testing.
 		k, v, _ := strings.Cut(kv, "=")
 		last[k] = v
 	}
-	want := map[string]string{"CUDA_VISIBLE_DEVICES": "4,5", "NCCL_DEBUG": "WARN", "SGLANG_HS_DIR": "/dev/shm/sglang_hs", "SGLANG_HS_LAYERS": "2,30,58"}
+	s.Env["CUDA_DEVICE_ORDER"] = "FASTEST_FIRST"
+	want := map[string]string{"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_DEBUG": "WARN", "SGLANG_HS_DIR": "/dev/shm/sglang_hs", "SGLANG_HS_LAYERS": "2,30,58"}
 	for k, v := range want {
 		if last[k] != v {
 			t.Errorf("%s = %q (the last one wins in exec), want %q", k, last[k], v)

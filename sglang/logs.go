@@ -31,11 +31,29 @@ func rotateLog(path string) error {
 	return os.Rename(path, path+".1")
 }
 
+// freshLog rotates the server log and opens a new one for a launch, under logMu: a
+// TrimLog on the coordinator between the two would truncate the new server's log, or
+// shift the log that explains the last crash out of reach.
+func (m *Manager) freshLog() (*os.File, error) {
+	m.logMu.Lock()
+	defer m.logMu.Unlock()
+	if err := rotateLog(m.LogPath()); err != nil {
+		m.log().Warn("rotate server log", "log", m.LogPath(), "error", err)
+	}
+	f, err := os.OpenFile(m.LogPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open server log: %w", err)
+	}
+	return f, nil
+}
+
 // TrimLog keeps a running server's log under max bytes: it copies the log to path.1 and
 // truncates it in place (the server writes with O_APPEND, so it carries on at the new
 // end). Lines written between the copy and the truncate are lost, as with logrotate's
 // copytruncate; the alternative is an unbounded file on the state disk.
 func (m *Manager) TrimLog(max int64) error {
+	m.logMu.Lock()
+	defer m.logMu.Unlock()
 	path := m.LogPath()
 	info, err := os.Stat(path)
 	if err != nil || info.Size() <= max {

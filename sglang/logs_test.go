@@ -47,3 +47,50 @@ func TestTrimLogTruncatesInPlaceForAnAppendingWriter(t *testing.T) {
 		t.Errorf("trimmed copy has %d bytes, want 100", len(b))
 	}
 }
+
+// TestTrimLogNeverTruncatesTheLogOfAServerLaunchedMeanwhile runs the coordinator's
+// TrimLog against launches (a restart's worker) as fast as they go: a trim that judged
+// the old, large log must not truncate the new server's first lines.
+func TestTrimLogNeverTruncatesTheLogOfAServerLaunchedMeanwhile(t *testing.T) {
+	m := &Manager{StateDir: t.TempDir()}
+	os.MkdirAll(filepath.Dir(m.LogPath()), 0o755)
+	const limit = 1 << 10
+	stop := make(chan struct{})
+	trimmed := make(chan error)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				trimmed <- nil
+				return
+			default:
+			}
+			if err := m.TrimLog(limit); err != nil && !os.IsNotExist(err) {
+				trimmed <- err
+				return
+			}
+		}
+	}()
+	big := strings.Repeat("old server output\n", 2*limit/18)
+	for i := range 3000 {
+		header := "=== launch " + strings.Repeat("#", i%7) + "\n"
+		f, err := m.freshLog()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.WriteString(header)
+		f.Close()
+		// The header is under the limit: no correct trim touches it now.
+		if b, _ := os.ReadFile(m.LogPath()); string(b) != header {
+			close(stop)
+			<-trimmed
+			t.Fatalf("launch %d: the new server's log holds %q, want its header %q", i, b, header)
+		}
+		// The server writes past the limit; the next launch rotates it.
+		os.WriteFile(m.LogPath(), []byte(header+big), 0o644)
+	}
+	close(stop)
+	if err := <-trimmed; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -75,6 +75,7 @@ type Manager struct {
 	Replica int
 
 	op     sync.Mutex // serializes Ensure and Stop
+	logMu  sync.Mutex // serializes the log's rotation at launch and TrimLog
 	mu     sync.Mutex // guards cur and exited
 	cur    *Server
 	exited chan struct{}
@@ -247,13 +248,10 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 			return nil, err
 		}
 	}
-	if err := rotateLog(m.LogPath()); err != nil {
-		m.log().Warn("rotate server log", "log", m.LogPath(), "error", err)
-	}
 	// The child gets the file itself, never a pipe to us: it must keep logging after we die.
-	logf, err := os.OpenFile(m.LogPath(), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	logf, err := m.freshLog()
 	if err != nil {
-		return nil, fmt.Errorf("open server log: %w", err)
+		return nil, err
 	}
 	defer logf.Close()
 	started := time.Now()

@@ -44,6 +44,24 @@ func readStat(pid int) (procStat, error) {
 	return procStat{state: f[0][0], pgid: pgid, startTime: start}, nil
 }
 
+// ProcessStartTime is pid's start time from /proc/<pid>/stat (field 22, clock ticks after
+// boot): with the boot id and the pid namespace, it tells a process from a later one that
+// got its pid.
+func ProcessStartTime(pid int) (uint64, error) {
+	st, err := readStat(pid)
+	if err != nil {
+		return 0, err
+	}
+	if st.dead() {
+		return 0, fmt.Errorf("pid %d has exited", pid)
+	}
+	return st.startTime, nil
+}
+
+// BootID is this boot's /proc/sys/kernel/random/boot_id: a pid and a start time name
+// a process only within one boot.
+func BootID() (string, error) { return bootID() }
+
 func readCmdline(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {

@@ -5,8 +5,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/extract-dev/extract/configs"
 )
@@ -24,6 +26,16 @@ func newLogger(cfg *configs.Config, stderr io.Writer) (*slog.Logger, func(), err
 		slog.NewJSONHandler(file, &slog.HandlerOptions{Level: level}),
 	)
 	return slog.New(h), file.close, nil
+}
+
+// survivePipeClose keeps a closed stdout or stderr from ending the process. Go kills a
+// program that writes to a broken pipe on fd 1 or 2 with SIGPIPE unless SIGPIPE is
+// notified; `extract run | tee log` and a ^C (which ends tee first) would then leave the
+// run dead mid-drain and its server running. Notified, such a write fails with EPIPE,
+// which every writer to stdout and stderr ignores (the log file keeps the lines). Notify
+// rather than Ignore: an ignored signal is inherited by the server we exec.
+func survivePipeClose() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 // lazyFile creates the log file on the first write, so a run refused for a bad dataset

@@ -15,7 +15,15 @@ func newStopCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "stop [--config F] [--timeout 5m]",
 		Short: "Stop the running job gracefully: finish in-flight samples, commit, stop the server",
-		Args:  noArgs,
+		Long: `Stop the running job gracefully: finish in-flight samples, commit, stop the server.
+
+Only a run that is provably the one holding the lock is signalled: same host, same
+boot, same pid namespace, and the start time the lock records (through a pidfd, so a
+reused pid is never hit). Otherwise stop says where the run is and how to stop it there.
+
+Exit status: 0 stopped, or no run is going; 1 the run is elsewhere (another host, boot
+or pid namespace) or could not be signalled; 75 still draining at --timeout.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStop(cmd, &cf, timeout)
 		},
@@ -32,14 +40,17 @@ func runStop(cmd *cobra.Command, cf *configFlags, timeout time.Duration) error {
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 	defer cancel()
-	pid, err := orchestrator.StopRun(ctx, cfg)
+	h, stopped, err := orchestrator.StopRun(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if pid == 0 {
+	switch {
+	case h.PID == 0:
 		fmt.Fprintln(cmd.OutOrStdout(), "no run is going")
-		return nil
+	case !stopped:
+		fmt.Fprintf(cmd.OutOrStdout(), "no run is going; %s holds the lock and ends by itself\n", h)
+	default:
+		fmt.Fprintf(cmd.OutOrStdout(), "stopped run pid %d; continue with `extract run --resume`\n", h.PID)
 	}
-	fmt.Fprintf(cmd.OutOrStdout(), "stopped run pid %d; continue with `extract run --resume`\n", pid)
 	return nil
 }
