@@ -13,7 +13,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-viper/mapstructure/v2"
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 )
@@ -250,6 +249,10 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	for key, val := range flatten(Default()) {
 		v.SetDefault(key, val)
 	}
+	o, fileErrs := newOrigin(file, flags)
+	if len(fileErrs) > 0 {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, errors.Join(fileErrs...))
+	}
 	if file != "" {
 		v.SetConfigFile(file)
 		if err := v.ReadInConfig(); err != nil {
@@ -261,13 +264,11 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 			return nil, fmt.Errorf("bind flag --%s: %w", f.Flag.Name, err)
 		}
 	}
+	if errs := decodeKeys(v, shapeOf(Default())); len(errs) > 0 {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, o.explain(errors.Join(errs...)))
+	}
 	var c Config
-	err := v.UnmarshalExact(&c, viper.DecodeHook(mapstructure.ComposeDecodeHookFunc(
-		mapstructure.StringToTimeDurationHookFunc(),
-		mapstructure.StringToWeakSliceHookFunc(","),
-		byteSizeHook,
-	)))
-	if err != nil {
+	if err := v.UnmarshalExact(&c, viper.DecodeHook(decodeHook())); err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
 	}
 	c.Server.Env = upperEnvKeys(c.Server.Env)
@@ -292,7 +293,7 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	if err := c.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrInvalid, describe(file), err)
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, o.explain(err))
 	}
 	return &c, nil
 }

@@ -27,8 +27,17 @@ func checkEnv(environ []string) error {
 	}
 	var errs []error
 	for _, kv := range environ {
-		name, _, _ := strings.Cut(kv, "=")
-		if !strings.HasPrefix(name, "EXTRACT_") || known[name] != "" || envNotKeys[name] != "" {
+		name, val, _ := strings.Cut(kv, "=")
+		if !strings.HasPrefix(name, "EXTRACT_") {
+			continue
+		}
+		// An empty value is most often a script's unset variable (EXTRACT_OUTPUT_DIR=$OUT):
+		// taken as unset it would move the job, taken as "" it is no path at all.
+		if val == "" && (known[name] != "" || name == "EXTRACT_CONFIG") {
+			errs = append(errs, fmt.Errorf("env %s is set but empty: give it a value or unset it (`unset %s`)", name, name))
+			continue
+		}
+		if known[name] != "" || envNotKeys[name] != "" {
 			continue
 		}
 		best, bestD := "", math.MaxInt

@@ -33,7 +33,7 @@ const (
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+		errs = append(errs, keyError{key, fmt.Sprintf(format, args...)})
 	}
 	intIn := func(key string, v, lo, hi int) {
 		if v < lo || v > hi {
@@ -225,7 +225,7 @@ func (c *Config) checkDirs() []error {
 	out, state, shm := dir{"output_dir", c.OutputDir}, dir{"state_dir", c.StateDir}, dir{"shm_dir", c.ShmDir}
 	var errs []error
 	refuse := func(a, b dir, rel string) {
-		errs = append(errs, fmt.Errorf("%s %s %s %s %s: keep them apart", a.key, a.path, rel, b.key, b.path))
+		errs = append(errs, keyError{a.key, fmt.Sprintf("%s %s %s %s: keep them apart", a.path, rel, b.key, b.path)})
 	}
 	// Each pair once, so a shared directory is one message, not two.
 	check := func(a, b dir, aInBOK bool) {
@@ -245,7 +245,7 @@ func (c *Config) checkDirs() []error {
 	check(state, shm, false)
 	check(state, out, true)
 	if c.Dataset != "" && c.ShmDir != "" && relation(c.Dataset, c.ShmDir) == inside {
-		errs = append(errs, fmt.Errorf("dataset %s is inside shm_dir %s, which is world-writable and emptied by extract: keep the dataset elsewhere", c.Dataset, c.ShmDir))
+		errs = append(errs, keyError{"dataset", fmt.Sprintf("%s is inside shm_dir %s, which is world-writable and emptied by extract: keep the dataset elsewhere", c.Dataset, c.ShmDir)})
 	}
 	return errs
 }

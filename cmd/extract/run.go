@@ -37,10 +37,11 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 	// On a terminal a progress bar shows rate and ETA; elsewhere (cron, systemd) the
 	// periodic progress log lines do.
 	stderr := cmd.ErrOrStderr()
+	finishBar := func() {}
 	if f, ok := stderr.(*os.File); ok && isTerminal(f) {
-		bar := &progressBar{w: f}
-		stderr, opt.OnStatus = bar, bar.update
-		defer bar.finish()
+		bar, stop := newTerminalBar(f)
+		stderr, opt.OnStatus, finishBar = bar, bar.update, stop
+		defer stop()
 	}
 	log, closeLog, err := newLogger(cfg, stderr)
 	if err != nil {
@@ -53,6 +54,7 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 	}
 	opt.Executable, opt.Log, opt.ConfigFile = exe, log, cf.file
 	res, err := orchestrator.Run(cmd.Context(), cfg, opt)
+	finishBar() // the outcome below gets a line of its own, not the bar's
 	out := cmd.OutOrStdout()
 	if err != nil {
 		if errors.Is(err, orchestrator.ErrBadDataset) || errors.Is(err, orchestrator.ErrRefused) || errors.Is(err, orchestrator.ErrPreflight) {
