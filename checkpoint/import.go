@@ -119,7 +119,6 @@ type ImportResult struct {
 	How string
 }
 
-
 // How a good file comes into the layout: the only decision Import makes, as a value.
 const (
 	howLink    = "link"    // the file's own inode, hard-linked
