@@ -100,9 +100,10 @@ func exportOne(ctx context.Context, from, to string, dst Layout, r Record, meta 
 	}
 	conv := sf
 	if sf.gz {
-		plain, err := gunzipTo(ctx, from, opt.Scratch)
+		H, _ := strconv.Atoi(md["hidden_size"])
+		plain, err := gunzipBounded(ctx, sf, ImportWant{HiddenSize: H}, opt.Scratch)
 		if err != nil {
-			return 0, fmt.Errorf("sample %d: %w", r.Sample, err)
+			return 0, fmt.Errorf("sample %d: %s: %w", r.Sample, from, err)
 		}
 		defer os.Remove(plain)
 		if conv, err = openSample(plain); err != nil {

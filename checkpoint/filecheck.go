@@ -7,9 +7,12 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // readOutput is ReadOutput for Verify: it can be cancelled between chunks, reuses one
@@ -137,6 +140,9 @@ type scanOpts struct {
 	// anyOrder takes the tensors in the file's order: another tool's gzip stream need
 	// not be canonical, and its crc32c is defined over the order it has.
 	anyOrder bool
+	// zipCRC compares each tensor that is a whole zip record with the CRC-32 the zip
+	// directory records for it: the checksum another tool's torch file carries.
+	zipCRC bool
 }
 
 // scan reads every tensor once, computing the crc32c of their bytes in walk order
@@ -158,13 +164,21 @@ func (sf *sampleFile) scan(ctx context.Context, o scanOpts, buf []byte) (uint32,
 		case role >= 2 && o.finite:
 			cmp = &finiteBF16{name: sf.t[role].name}
 		}
+		t := sf.t[role]
+		ieee, wantIEEE := uint32(0), o.zipCRC && t.hasZipCRC
 		for {
 			n, err := r.Read(buf)
 			sum = crc32.Update(sum, castagnoli, buf[:n])
+			if wantIEEE {
+				ieee = crc32.Update(ieee, crc32.IEEETable, buf[:n])
+			}
 			if _, werr := cmp.Write(buf[:n]); werr != nil {
 				return werr
 			}
 			if err == io.EOF {
+				if wantIEEE && ieee != t.zipCRC {
+					return wrong("tensor %s: CRC-32 %08x, the zip directory records %08x: the file is damaged", t.name, ieee, t.zipCRC)
+				}
 				return nil
 			}
 			if err != nil {
@@ -282,4 +296,39 @@ func checkImported(ctx context.Context, path string, r Record, deep bool, want *
 		return fmt.Sprintf("crc32c %08x, index recorded %08x at import", sum, r.CRC32C), nil
 	}
 	return "", nil
+}
+
+// maxSkippedRecord bounds a record inside gzip that no tensor uses: reading past it
+// would only decompress a bomb.
+const maxSkippedRecord = 1 << 20
+
+func boundedSkip(name string, size int64) error {
+	if size > maxSkippedRecord {
+		return fmt.Errorf("record %s holds %d bytes no tensor uses (more than %d)", name, size, maxSkippedRecord)
+	}
+	return nil
+}
+
+// openRegular opens path for reading without trusting it: never through a symlink at
+// its last component, never blocking on a FIFO swapped in, and only a regular file
+// (fstat of what was opened, not a stat of the name). It returns the size fstat saw;
+// every read of the file stays within it.
+func openRegular(path string) (*os.File, int64, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ELOOP) {
+		return nil, 0, fmt.Errorf("%s is a symlink: only regular files are read", path)
+	}
+	if err != nil {
+		return nil, 0, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return nil, 0, &os.PathError{Op: "fstat", Path: path, Err: err}
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		unix.Close(fd)
+		return nil, 0, fmt.Errorf("%s is not a regular file (mode %o)", path, st.Mode&unix.S_IFMT)
+	}
+	return os.NewFile(uintptr(fd), path), st.Size, nil
 }

@@ -1,19 +1,15 @@
 package checkpoint
 
 import (
-	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-
-	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
 // mdMaskSource in a file's metadata says where its loss_mask came from when not from
@@ -96,6 +92,9 @@ type ImportWant struct {
 	ConfigFingerprint  string
 	// RequireExtract refuses files without extract's metadata (import --format extract).
 	RequireExtract bool
+	// ScratchKeep is the room a .gz source's decompression leaves free on the scratch
+	// disk (the state disk): the disk's reserve.
+	ScratchKeep int64
 }
 
 // RejectError is a file that does not match the job; it is left where it is.
@@ -120,154 +119,239 @@ type ImportResult struct {
 	How string
 }
 
-// Import checks src against want and brings it into l: the file as it is (a hard link,
-// or with copy or across filesystems a durable copy) when it already is l's format,
-// else rewritten by the writers; either way through a temp name, fsynced, renamed,
-// directory fsynced. The caller commits it to the index after. scratch is a folder on
-// the output disk for decompressing a .gz that must be converted.
+// How a good file comes into the layout: the only decision Import makes, as a value.
+const (
+	howLink    = "link"    // the file's own inode, hard-linked
+	howCopy    = "copy"    // its bytes, copied from the descriptor that was checked
+	howConvert = "convert" // rewritten by extract's writers from the checked tensors
+)
+
+// placement decides how a checked file enters layout l: as is (link, or copy when asked
+// or when it came out of gzip into scratch) only when it is exactly what l writes (name,
+// keys, shapes, no other tensor or record) and, if extract's own, of this job; else
+// rewritten.
+func placement(sf *sampleFile, l Layout, want ImportWant, copyOnly bool) string {
+	asIs := sf.isLayout(l) && sf.inexact == "" &&
+		(sf.md == nil || sf.md["dataset_fingerprint"] == want.DatasetFingerprint && sf.md["config_fingerprint"] == want.ConfigFingerprint)
+	switch {
+	case !asIs:
+		return howConvert
+	case copyOnly:
+		return howCopy
+	}
+	return howLink
+}
+
+// Import checks src against want and brings it into l: the file as it is (a hard link
+// of the very inode checked, or a copy of its bytes checked again as copied) when it
+// already is exactly l's format, else rewritten by the writers and the result checked;
+// either way through a temp name, fsynced, renamed, directory fsynced. The caller
+// commits it to the index after. scratch is a folder on the state disk for
+// decompressing another tool's .gz.
+//
+// The file is opened once (no symlink, no FIFO, a regular file) and every check and the
+// placement read that one descriptor: a file swapped under the name meanwhile is never
+// the one placed. Extract's own files must match the crc32c their record holds, another
+// tool's torch files the CRC-32 of their zip records.
 func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copyOnly bool, scratch string) (ImportResult, error) {
 	reject := func(format string, args ...any) (ImportResult, error) {
 		return ImportResult{}, &RejectError{Path: src.Path, Sample: src.Sample, Reason: fmt.Sprintf(format, args...)}
+	}
+	stopped := func() (ImportResult, error) {
+		return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, ctx.Err())
 	}
 	sf, err := openSample(src.Path)
 	if err != nil {
 		return reject("%v", err)
 	}
-	defer sf.Close()
-	// torch.save into a gzip stream writes its records sized after their data, which
-	// only the central directory at the end resolves: another tool's .ckpt.gz is
-	// decompressed first and then handled as the .ckpt it holds.
-	unzipped := false
-	if sf.gz && sf.md == nil {
-		plain, err := gunzipTo(ctx, src.Path, scratch)
-		if ctx.Err() != nil {
-			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, ctx.Err())
+	defer func() { sf.Close() }() // the source, or what it decompressed into
+	var plains []string
+	defer func() {
+		for _, p := range plains {
+			os.Remove(p)
 		}
-		if err != nil {
-			return reject("%v", err)
-		}
-		defer os.Remove(plain)
-		if sf, err = openSample(plain); err != nil {
-			return reject("%v", err)
-		}
-		defer sf.Close()
-		unzipped = true
-	}
-	buf := make([]byte, 1<<20)
-	ids := want.InputIDs
+	}()
 	if sf.md == nil && want.RequireExtract {
 		return reject("not extract's own file (no extract metadata)")
 	}
-	if md := sf.md; md != nil {
-		if md["sample"] != strconv.Itoa(src.Sample) {
-			return reject("metadata names sample %s", md["sample"])
-		}
-		got, err := parseLayers(md["layers"])
-		if wl, _ := parseLayers(want.Layers); err != nil || !slices.Equal(got, wl) {
-			return reject("layers %q, the job captures %q", md["layers"], want.Layers)
-		}
-		if want.Model != "" && md["model"] != want.Model {
-			return reject("model %q, the job runs %q", md["model"], want.Model)
-		}
+	if reason := checkOwnMetadata(sf, src.Sample, want); reason != "" {
+		return reject("%s", reason)
 	}
-	shape := func() (ImportResult, error, bool) {
-		switch T := sf.tokens(); {
-		case ids != nil && T != int64(len(ids)):
-			r, e := reject("%d tokens, the dataset's line has %d", T, len(ids))
-			return r, e, false
-		case want.LossMask != nil && int64(len(want.LossMask)) != T:
-			r, e := reject("%d tokens, the dataset's loss_mask has %d", T, len(want.LossMask))
-			return r, e, false
-		case sf.hidden() != int64(want.HiddenSize):
-			r, e := reject("hidden size %d, the job's is %d", sf.hidden(), want.HiddenSize)
+	// torch.save into a gzip stream sizes its records only in the central directory at
+	// the end: another tool's .ckpt.gz is decompressed, bounded, from the descriptor
+	// opened above, and handled as the .ckpt it holds.
+	unzipped := false
+	unzip := func() (ImportResult, error, bool) {
+		plain, err := gunzipBounded(ctx, sf, want, scratch)
+		if ctx.Err() != nil {
+			r, e := stopped()
 			return r, e, false
 		}
+		if rj, bad := errors.AsType[*gunzipRefusal](err); bad {
+			r, e := reject("%s", rj.reason)
+			return r, e, false
+		}
+		if err != nil {
+			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err), false
+		}
+		plains = append(plains, plain)
+		inner, err := openSample(plain)
+		if err != nil {
+			r, e := reject("%v", err)
+			return r, e, false
+		}
+		sf.Close()
+		sf, unzipped = inner, true
 		return ImportResult{}, nil, true
 	}
-	if !sf.gz {
-		if r, e, ok := shape(); !ok {
+	if sf.gz && sf.md == nil {
+		if r, e, ok := unzip(); !ok {
 			return r, e
 		}
 	}
-	o := scanOpts{ids: ids, haveIDs: ids != nil, mask: want.LossMask, cmpMask: want.LossMask != nil && sf.hasMask, finite: true, anyOrder: true}
-	sum, _, err := sf.scan(ctx, o, buf)
-	if ctx.Err() != nil {
-		return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, ctx.Err())
+	ownCRC, hasOwn := uint32(0), sf.md != nil
+	if hasOwn {
+		info, err := sf.info()
+		if err != nil {
+			return reject("%v", err)
+		}
+		ownCRC = info.CRC32C
 	}
-	if err != nil {
-		return reject("%v", err)
+	buf := make([]byte, 1<<20)
+	// check reads every tensor of f once; a second call for the same file (extract's
+	// own .ckpt.gz, whose tensors only a read reveals) returns the first answer.
+	var last struct {
+		f      *sampleFile
+		sum    uint32
+		reason string
+	}
+	check := func(f *sampleFile) (uint32, string, error) {
+		if f == last.f {
+			return last.sum, last.reason, nil
+		}
+		sum, _, err := f.scan(ctx, importScan(f, want), buf)
+		if ctx.Err() != nil {
+			return 0, "", ctx.Err()
+		}
+		reason := ""
+		switch {
+		case err != nil:
+			reason = err.Error()
+		case f.gz && shapeMismatch(f, want) != "":
+			reason = shapeMismatch(f, want)
+		case hasOwn && sum != ownCRC:
+			reason = fmt.Sprintf("crc32c mismatch: its record says %08x, its tensors hash to %08x: the file is damaged", ownCRC, sum)
+		}
+		last.f, last.sum, last.reason = f, sum, reason
+		return sum, reason, nil
 	}
 	if sf.gz {
-		if r, e, ok := shape(); !ok {
-			return r, e
+		// extract's own .ckpt.gz: its tensors are known once read.
+		if _, reason, err := check(sf); err != nil {
+			return stopped()
+		} else if reason != "" {
+			return reject("%s", reason)
 		}
+	} else if reason := shapeMismatch(sf, want); reason != "" {
+		return reject("%s", reason)
 	}
 	final := l.Path(src.Sample)
-	res := ImportResult{Path: final, Tokens: int(sf.tokens())}
+	res := ImportResult{Path: final, Tokens: int(sf.tokens()), How: placement(sf, l, want, copyOnly)}
 	if sf.md != nil {
 		res.RID = sf.md["rid"]
 	}
-	if sf.isLayout(l) && (sf.md == nil || sf.md["dataset_fingerprint"] == want.DatasetFingerprint && sf.md["config_fingerprint"] == want.ConfigFingerprint) {
-		res.How, res.CRC32C = "link", sum
-		if sf.md != nil {
-			// extract's own file: verify reads its metadata, whose crc32c is canonical.
-			info, err := sf.info()
-			if err != nil {
-				return reject("%v", err)
-			}
-			res.CRC32C = info.CRC32C
+	if res.How == howConvert && sf.gz {
+		if r, e, ok := unzip(); !ok {
+			return r, e
 		}
-		from := src.Path
-		if unzipped {
-			from, res.How = sf.path, "convert" // the decompressed copy, linked from scratch
-		}
-		if res.Bytes, err = placeAsIs(from, final, copyOnly, &res.How); err != nil {
-			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err)
-		}
-		return res, nil
 	}
-	res.How = "convert"
-	conv := sf
-	if sf.gz {
-		plain, err := gunzipTo(ctx, src.Path, scratch)
-		if err != nil {
-			return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err)
-		}
-		defer os.Remove(plain)
-		if conv, err = openSample(plain); err != nil {
-			return reject("%v", err)
-		}
-		defer conv.Close()
+	var placed placedFile
+	var err2 error
+	switch res.How {
+	case howLink, howCopy:
+		placed, err2 = placeAsIs(ctx, sf, final, res.How == howCopy, check)
+	default:
+		placed, err2 = placeConverted(ctx, sf, l, final, src, want, res.RID, buf, check)
 	}
-	s := conv.source(want.LossMask)
-	s.md = map[string]string{
-		"format": outputFormat, "sample": strconv.Itoa(src.Sample), "rid": res.RID,
-		"dataset_fingerprint": want.DatasetFingerprint, "config_fingerprint": want.ConfigFingerprint,
-		"layers": want.Layers, "model": want.Model, "protocol": protocolVersion,
-		"tokens": strconv.FormatInt(s.T, 10), "hidden_size": strconv.FormatInt(s.H, 10),
-		"imported_from": src.Path,
+	if ctx.Err() != nil {
+		return stopped()
 	}
-	if s.mask != nil {
-		s.md[mdMaskSource] = maskFromFile
+	if placed.reject != "" {
+		return reject("%s", placed.reject)
 	}
-	if sf.md != nil {
-		s.md["layers"], s.md["model"], s.md["hook_version"] = sf.md["layers"], sf.md["model"], sf.md["hook_version"]
+	if err2 != nil {
+		return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err2)
 	}
-	if res.Bytes, res.CRC32C, err = writeSample(ctx, l, final, s, buf); err != nil {
-		return ImportResult{}, fmt.Errorf("import sample %d: %w", src.Sample, err)
+	res.Bytes, res.CRC32C = placed.size, placed.sum
+	if hasOwn {
+		res.CRC32C = ownCRC // verify reads the file's record, whose crc32c is canonical
+	}
+	if placed.copied && res.How == howLink {
+		res.How = howCopy // the link failed (another filesystem): a copy, checked as copied
+	}
+	if unzipped {
+		res.How = howConvert // out of gzip: not the source's bytes
 	}
 	return res, nil
 }
 
-// isLayout says whether the file already is what l writes: its extension and key names,
-// loss_mask included, so that the trainer reads it as is.
+// checkOwnMetadata compares extract's own file's record with the job; "" when it has
+// none or it matches.
+func checkOwnMetadata(sf *sampleFile, sample int, want ImportWant) string {
+	md := sf.md
+	if md == nil {
+		return ""
+	}
+	if md["sample"] != strconv.Itoa(sample) {
+		return fmt.Sprintf("metadata names sample %s", md["sample"])
+	}
+	got, err := parseLayers(md["layers"])
+	if wl, _ := parseLayers(want.Layers); err != nil || !slices.Equal(got, wl) {
+		return fmt.Sprintf("layers %q, the job captures %q", md["layers"], want.Layers)
+	}
+	if want.Model != "" && md["model"] != want.Model {
+		return fmt.Sprintf("model %q, the job runs %q", md["model"], want.Model)
+	}
+	return ""
+}
+
+// shapeMismatch compares the file's T and H with the dataset line and the job.
+func shapeMismatch(sf *sampleFile, want ImportWant) string {
+	switch T := sf.tokens(); {
+	case want.InputIDs != nil && T != int64(len(want.InputIDs)):
+		return fmt.Sprintf("%d tokens, the dataset's line has %d", T, len(want.InputIDs))
+	case want.LossMask != nil && int64(len(want.LossMask)) != T:
+		return fmt.Sprintf("%d tokens, the dataset's loss_mask has %d", T, len(want.LossMask))
+	case sf.hidden() != int64(want.HiddenSize):
+		return fmt.Sprintf("hidden size %d, the job's is %d", sf.hidden(), want.HiddenSize)
+	}
+	return ""
+}
+
+// importScan is what import checks in a file's tensors: ids and mask against the
+// dataset, every hidden value finite, and the zip records' CRC-32s.
+func importScan(sf *sampleFile, want ImportWant) scanOpts {
+	return scanOpts{ids: want.InputIDs, haveIDs: want.InputIDs != nil, mask: want.LossMask,
+		cmpMask: want.LossMask != nil && sf.hasMask, finite: true, anyOrder: true, zipCRC: true}
+}
+
+// isLayout says whether the file already is what l writes: its extension, key names
+// (loss_mask included) and shapes (the batch dim where l has one), so that the trainer
+// reads it as is.
 func (sf *sampleFile) isLayout(l Layout) bool {
 	if !strings.HasSuffix(sf.path, l.Ext()) || !sf.hasMask {
 		return false
 	}
 	names := l.tensorNames()
 	for r, t := range sf.t {
-		if t.name != names[r] {
+		rank := 1
+		if r >= 2 {
+			rank = 2
+			if l.batchDim() {
+				rank = 3
+			}
+		}
+		if t.name != names[r] || (!sf.gz && len(t.shape) != rank) {
 			return false
 		}
 	}
@@ -286,90 +370,4 @@ func (sf *sampleFile) source(datasetMask []int64) *sample {
 		s.mask = &m
 	}
 	return s
-}
-
-// placeAsIs puts src under final unchanged: a hard link unless copyOnly or the link
-// fails (another filesystem), else a copy; fsynced either way, since the other tool may
-// never have synced it.
-func placeAsIs(src, final string, copyOnly bool, how *string) (int64, error) {
-	tmp := tempPath(final)
-	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
-		return 0, err
-	}
-	if err := os.Remove(tmp); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return 0, err
-	}
-	linked := !copyOnly && os.Link(src, tmp) == nil
-	if !linked {
-		*how = "copy"
-		if err := copyFile(src, tmp); err != nil {
-			os.Remove(tmp)
-			return 0, err
-		}
-	}
-	f, err := os.Open(tmp)
-	if err != nil {
-		return 0, err
-	}
-	st, err := f.Stat()
-	if err == nil {
-		err = atomicfile.Sync(f)
-	}
-	f.Close()
-	if err == nil {
-		err = os.Rename(tmp, final)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return 0, fmt.Errorf("place %s: %w", final, err)
-	}
-	return st.Size(), atomicfile.SyncDir(filepath.Dir(final))
-}
-
-func copyFile(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copy %s: %w", src, err)
-	}
-	return out.Close()
-}
-
-// gunzipTo decompresses src into a file in scratch and returns its path; the caller
-// removes it. Its name keeps the inner extension, so openSample reads it as a torch zip.
-func gunzipTo(ctx context.Context, src, scratch string) (string, error) {
-	if err := os.MkdirAll(scratch, 0o755); err != nil {
-		return "", err
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return "", err
-	}
-	defer in.Close()
-	zr, err := gzip.NewReader(in)
-	if err != nil {
-		return "", fmt.Errorf("gunzip %s: %w", src, err)
-	}
-	dst := filepath.Join(scratch, strings.TrimSuffix(filepath.Base(src), ".gz"))
-	out, err := os.Create(dst)
-	if err != nil {
-		return "", err
-	}
-	_, err = io.Copy(out, &ctxReader{ctx, zr})
-	if cerr := out.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(dst)
-		return "", fmt.Errorf("gunzip %s: %w", src, err)
-	}
-	return dst, nil
 }

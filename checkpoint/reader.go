@@ -24,6 +24,10 @@ type fileTensor struct {
 	shape       []int64
 	rows, width int64
 	off, n      int64 // the bytes in the file; unknown (−1) inside gzip
+	// zipCRC is the CRC-32 the zip directory records for the tensor's storage, when
+	// the tensor is that whole record (hasZipCRC).
+	zipCRC    uint32
+	hasZipCRC bool
 }
 
 // sampleFile is an opened sample file of any format: safetensors, a torch zip (.ckpt,
@@ -41,6 +45,9 @@ type sampleFile struct {
 	hasMask bool
 	// keys maps a torch zip's storage keys to the roles of the tensors on them.
 	keys map[string]int
+	// inexact says why the file cannot be placed as is even in its own format (a
+	// tensor or record beyond the four, a view of a larger storage); "" when it can.
+	inexact string
 }
 
 // roles maps every key name a trainer's format uses to its canonical role.
@@ -52,21 +59,20 @@ var roles = map[string]int{
 
 // openSample opens path and reads its header (and for a torch zip its pickle), checking
 // the four tensors' shapes and dtypes agree with each other. The caller closes it.
-func openSample(path string) (*sampleFile, error) {
-	f, err := os.Open(path)
+func openSample(path string) (*sampleFile, error) { return openSampleAs(path, path) }
+
+// openSampleAs is openSample of a file whose format the name as says (a temp file's own
+// name does not).
+func openSampleAs(path, as string) (*sampleFile, error) {
+	f, size, err := openRegular(path)
 	if err != nil {
 		return nil, err
 	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, err
-	}
-	s := &sampleFile{path: path, f: f, size: st.Size()}
+	s := &sampleFile{path: path, f: f, size: size}
 	switch {
-	case strings.HasSuffix(path, ".gz"):
+	case strings.HasSuffix(as, ".gz"):
 		err = s.openGzip()
-	case strings.HasSuffix(path, dataSuffix):
+	case strings.HasSuffix(as, dataSuffix):
 		err = s.openSafetensors()
 	default:
 		err = s.openZip()
@@ -91,85 +97,14 @@ func (s *sampleFile) openSafetensors() error {
 	var seen [4]bool
 	for _, t := range h.Tensors {
 		r, ok := roles[t.Name]
-		if !ok {
+		if !ok || seen[r] {
+			s.inexact = fmt.Sprintf("tensor %s is not one of the format's four", t.Name)
 			continue
 		}
 		s.t[r] = fileTensor{name: t.Name, dtype: t.DType, shape: t.Shape, off: h.DataStart + t.Begin, n: t.Len()}
 		seen[r] = true
 	}
 	return s.settle(seen)
-}
-
-var zipDTypes = map[torchzip.DType]safetensors.DType{
-	torchzip.Int64: safetensors.I64, torchzip.BFloat16: safetensors.BF16, torchzip.Float16: "F16",
-	torchzip.Float32: "F32", torchzip.Int32: "I32", torchzip.Bool: "BOOL", torchzip.Uint8: "U8",
-}
-
-// fromPickle fills the tensors from data.pkl; locate gives each storage's bytes.
-func (s *sampleFile) fromPickle(pkl []byte, locate func(key string) (off, n int64, ok bool)) error {
-	ts, err := torchzip.DecodeDict(pkl)
-	if err != nil {
-		return err
-	}
-	var seen [4]bool
-	s.keys = map[string]int{}
-	for _, t := range ts {
-		r, ok := roles[t.Name]
-		if !ok {
-			continue
-		}
-		if !t.Contiguous() {
-			return fmt.Errorf("tensor %s is not contiguous (stride %v)", t.Name, t.Stride)
-		}
-		es := t.DType.Size()
-		if t.StorageOffset < 0 || t.Numel() < 0 || t.StorageOffset+t.Numel() > t.StorageNumel {
-			return fmt.Errorf("tensor %s lies outside its storage", t.Name)
-		}
-		ft := fileTensor{name: t.Name, dtype: zipDTypes[t.DType], shape: t.Shape, off: -1, n: t.Numel() * es}
-		if off, n, ok := locate(t.Key); ok {
-			if n != t.StorageNumel*es {
-				return fmt.Errorf("storage %s of %s is %d bytes, the pickle says %d", t.Key, t.Name, n, t.StorageNumel*es)
-			}
-			ft.off = off + t.StorageOffset*es
-		} else if !s.gz {
-			return fmt.Errorf("tensor %s: storage record data/%s missing", t.Name, t.Key)
-		}
-		if _, dup := s.keys[t.Key]; dup {
-			return fmt.Errorf("tensor %s shares its storage with another", t.Name)
-		}
-		s.keys[t.Key] = r
-		s.t[r] = ft
-		seen[r] = true
-	}
-	return s.settle(seen)
-}
-
-func (s *sampleFile) openZip() error {
-	a, err := torchzip.Open(s.f, s.size)
-	if err != nil {
-		return err
-	}
-	pf, ok := a.Get("data.pkl")
-	if !ok {
-		return errors.New("no data.pkl: not a torch checkpoint")
-	}
-	pkl, err := torchzip.ReadSmall(s.f, pf, 1<<20)
-	if err != nil {
-		return err
-	}
-	if ef, ok := a.Get(extractRecord); ok {
-		b, err := torchzip.ReadSmall(s.f, ef, 1<<20)
-		if err != nil {
-			return err
-		}
-		if err := json.Unmarshal(b, &s.md); err != nil {
-			return fmt.Errorf("%s: %w", extractRecord, err)
-		}
-	}
-	return s.fromPickle(pkl, func(key string) (int64, int64, bool) {
-		f, ok := a.Get("data/" + key)
-		return f.Offset, f.Size, ok
-	})
 }
 
 // openGzip reads only the gzip header: extract's metadata is there, and the tensors
@@ -281,7 +216,7 @@ func (s *sampleFile) walk(ctx context.Context, fn func(role int, r io.Reader) er
 			if err != nil || len(pkl) > 1<<20 {
 				return fmt.Errorf("read data.pkl: %v", err)
 			}
-			if err := s.fromPickle(pkl, func(string) (int64, int64, bool) { return 0, 0, false }); err != nil {
+			if err := s.fromPickle(pkl, func(string) (torchzip.File, bool) { return torchzip.File{}, false }); err != nil {
 				return err
 			}
 			havePickle = true
@@ -291,7 +226,7 @@ func (s *sampleFile) walk(ctx context.Context, fn func(role int, r io.Reader) er
 			}
 			r, ok := s.keys[strings.TrimPrefix(rel, "data/")]
 			if !ok {
-				return nil
+				return boundedSkip(name, size)
 			}
 			t := s.t[r]
 			es := t.dtype.Size()
@@ -301,7 +236,7 @@ func (s *sampleFile) walk(ctx context.Context, fn func(role int, r io.Reader) er
 			}
 			return fn(r, data)
 		}
-		return nil
+		return boundedSkip(name, size)
 	})
 	if err != nil {
 		return err

@@ -14,7 +14,10 @@ const (
 	BFloat16 DType = "BFloat16Storage"
 	Float16  DType = "HalfStorage"
 	Float32  DType = "FloatStorage"
+	Float64  DType = "DoubleStorage"
 	Int32    DType = "IntStorage"
+	Int16    DType = "ShortStorage"
+	Int8     DType = "CharStorage"
 	Bool     DType = "BoolStorage"
 	Uint8    DType = "ByteStorage"
 )
@@ -22,13 +25,13 @@ const (
 // Size is the bytes per element, 0 for an unknown type.
 func (d DType) Size() int64 {
 	switch d {
-	case Int64:
+	case Int64, Float64:
 		return 8
 	case Float32, Int32:
 		return 4
-	case BFloat16, Float16:
+	case BFloat16, Float16, Int16:
 		return 2
-	case Bool, Uint8:
+	case Bool, Uint8, Int8:
 		return 1
 	}
 	return 0

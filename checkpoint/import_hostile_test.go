@@ -1,0 +1,142 @@
+package checkpoint
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/extract-dev/extract/internal/torchzip/torchforge"
+)
+
+// forgedSample writes a torch zip of pkl over torchforge's storages for a 3-token,
+// width-4 sample (ids 7, 8, 9), and a storage 4 of NaN, at
+// dir/rows_0-2000/data_<s>.ckpt[.gz].
+func forgedSample(t *testing.T, dir string, s int, pkl []byte, gz bool) ImportFile {
+	return forgedFile(t, dir, s, pkl, gz, true, 4)
+}
+
+func forgedFile(t *testing.T, dir string, s int, pkl []byte, gz, nanStorage bool, H int64) ImportFile {
+	t.Helper()
+	path := filepath.Join(dir, "rows_0-2000", "data_"+itoa(int64(s))+".ckpt")
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	if err := torchforge.WriteArchive(path, pkl, torchforge.Storages(3, H, nanStorage)); err != nil {
+		t.Fatal(err)
+	}
+	if gz {
+		b, _ := os.ReadFile(path)
+		var z bytes.Buffer
+		w := gzip.NewWriter(&z)
+		w.Write(b)
+		w.Close()
+		os.Remove(path)
+		path += ".gz"
+		os.WriteFile(path, z.Bytes(), 0o644)
+	}
+	return ImportFile{Path: path, Sample: s, Kind: FormatSpecForge}
+}
+
+func forgedWant(s int) ImportWant {
+	return ImportWant{Sample: s, InputIDs: []int64{7, 8, 9}, LossMask: []int64{1, 1, 1}, HiddenSize: 4,
+		Layers: "2,30,58", DatasetFingerprint: "fp-1", ConfigFingerprint: "cfg-1"}
+}
+
+func TestImportLinksAForgedButPlainPickleAndRefusesEveryHostileOneLeavingNoOutput(t *testing.T) {
+	from := t.TempDir()
+	l := Layout{Dir: t.TempDir(), Format: FormatSpecForge}
+	// The control: the forger's plain dict is exactly torch.save's shape and is linked.
+	plain := torchforge.Dict(torchforge.Sample(3, 4), nil, nil)
+	good := forgedFile(t, from, 0, plain, false, false, 4)
+	if res, err := Import(context.Background(), good, l, forgedWant(0), false, t.TempDir()); err != nil || res.How != howLink {
+		t.Fatalf("the plain forged dict: %+v, %v; want it linked", res, err)
+	}
+	// A record no tensor uses is not torch.save's shape: rewritten, not linked.
+	extra := forgedFile(t, from, 9, plain, false, true, 4)
+	if res, err := Import(context.Background(), extra, l, forgedWant(9), false, t.TempDir()); err != nil || res.How != howConvert {
+		t.Errorf("the dict with an unused record: %+v, %v; want it rewritten", res, err)
+	}
+	for i, c := range []struct {
+		name string
+		pkl  []byte
+		gz   bool
+		H    int64
+		want string
+	}{
+		{"os.system payload", torchforge.OSSystem(3, 4, "touch /nonexistent/pwned"), false, 4, "GLOBAL typing.collections"},
+		{"os.system payload in .ckpt.gz", torchforge.OSSystem(3, 4, "touch /nonexistent/pwned"), true, 4, "GLOBAL typing.collections"},
+		{"hidden_state re-pointed at a NaN storage", torchforge.Repointed(3, 4, "4"), false, 4, "BUILD"},
+		// 96 elements at 2^63-64: the end overflows int64 (issue 17's offset).
+		{"storage offset 2^63-64", torchforge.BigOffset(3, 32), false, 32, "lies outside"},
+	} {
+		s := i + 1
+		src := forgedFile(t, from, s, c.pkl, c.gz, true, c.H)
+		want := forgedWant(s)
+		want.HiddenSize = int(c.H)
+		res, err := Import(context.Background(), src, l, want, false, t.TempDir())
+		if !isReject(err, c.want) {
+			t.Errorf("%s: import = %+v, %v; want it left alone naming %q", c.name, res, err, c.want)
+		}
+		if _, err := os.Lstat(l.Path(s)); !os.IsNotExist(err) {
+			t.Errorf("%s: an output exists at %s (%v)", c.name, l.Path(s), err)
+		}
+	}
+}
+
+// ownFile has import convert a good forged file into extract's own file of layout l
+// (safetensors by default), fingerprints fp-1 and cfg-1.
+func ownFile(t *testing.T, l Layout, s int) string {
+	t.Helper()
+	src := forgedSample(t, t.TempDir(), s, torchforge.Dict(torchforge.Sample(3, 4), nil, nil), false) // its unused record makes it a conversion
+	res, err := Import(context.Background(), src, l, forgedWant(s), false, t.TempDir())
+	if err != nil || res.How != howConvert {
+		t.Fatalf("make extract's own file: %+v, %v", res, err)
+	}
+	if _, err := ReadOutput(res.Path, true); err != nil {
+		t.Fatalf("the own file does not verify: %v", err)
+	}
+	return res.Path
+}
+
+// flipTensorByte flips one bit in the last tensor byte of a file (aux_hidden_state's
+// last element in every format extract writes, before any trailing record).
+func flipTensorByte(t *testing.T, path string) {
+	t.Helper()
+	sf, err := openSample(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := sf.t[3].off + sf.t[3].n - 2
+	sf.Close()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	b := make([]byte, 1)
+	f.ReadAt(b, at)
+	b[0] ^= 0x01
+	f.WriteAt(b, at)
+}
+
+func TestImportOfExtractsOwnFileWithAFlippedBitIsRefusedNotLaunderedIntoAFreshCrc(t *testing.T) {
+	for _, src := range []Layout{{Format: FormatSafetensors}, {Format: FormatSpecForge}} {
+		src.Dir = t.TempDir()
+		path := ownFile(t, src, 5)
+		flipTensorByte(t, path)
+		in := ImportFile{Path: path, Sample: 5, Kind: src.Format}
+		for _, dst := range []Layout{src, {Format: FormatModelOpt}, {Format: FormatSpecForge, Gzip: true}} {
+			dst.Dir = t.TempDir()
+			for _, copyOnly := range []bool{false, true} {
+				res, err := Import(context.Background(), in, dst, forgedWant(5), copyOnly, t.TempDir())
+				if !isReject(err, "the file is damaged") {
+					t.Errorf("%s into %s (copy %v): %+v, %v; want the damage refused", src.Name(), dst.Name(), copyOnly, res, err)
+				}
+				if _, err := os.Lstat(dst.Path(5)); !os.IsNotExist(err) {
+					t.Errorf("%s into %s: output left at %s", src.Name(), dst.Name(), dst.Path(5))
+				}
+			}
+		}
+	}
+}
