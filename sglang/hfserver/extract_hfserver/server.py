@@ -43,16 +43,56 @@ def check_layers(layers, num_layers):
 
 
 class Request:
-    __slots__ = ("rid", "ids", "done", "error", "status")
+    __slots__ = ("rid", "ids", "done", "error", "status", "on_finish")
 
     def __init__(self, rid, ids):
         self.rid, self.ids = rid, ids
         self.done = threading.Event()
         self.error, self.status = None, 200
+        self.on_finish = None
 
     def finish(self, status=200, error=None):
         self.status, self.error = status, error
+        if self.on_finish is not None:
+            self.on_finish(self)
         self.done.set()
+
+
+class Serving:
+    """The requests being served, one per rid.
+
+    The Go client retries a 5xx or a broken connection under the same rid, so a second
+    POST of a rid can arrive while the first is still queued, in a forward or being
+    written. It joins the first (same input ids: it gets the first's answer, and the
+    rid is computed and written once) or is refused with 409 (other ids: not the same
+    request). Two requests of one rid never write one dump at the same time.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_rid = {}
+
+    def admit(self, rid, ids):
+        """Returns (request, is_new), or (None, conflict message)."""
+        with self._lock:
+            current = self._by_rid.get(rid)
+            if current is not None:
+                if current.ids != ids:
+                    return None, f"rid {rid} is being served with other input ids"
+                return current, False
+            req = Request(rid, ids)
+            req.on_finish = self._release
+            self._by_rid[rid] = req
+            return req, True
+
+    def count(self):
+        with self._lock:
+            return len(self._by_rid)
+
+    def _release(self, req):
+        with self._lock:
+            if self._by_rid.get(req.rid) is req:
+                del self._by_rid[req.rid]
 
 
 def plan_batch(pending, first, max_tokens, max_requests):
@@ -87,6 +127,7 @@ class Engine:
         self.in_host = threading.Semaphore(2)
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0}
         self.stats_lock = threading.Lock()
+        self.serving = Serving()
 
     def load(self):
         opts = backend.Options(dtype=self.args.dtype, tp_size=self.args.tp_size, attn_implementation=self.args.attn_implementation)
@@ -204,6 +245,10 @@ class Engine:
                         layers=self.layers,
                         model=self.args.model_path,
                     )
+                except writer.DumpInProgress as e:  # not ours: another process, or left over
+                    log.error("rid %s: dump not written: %s", r.rid, e)
+                    r.finish(409, f"dump of rid {r.rid} not written: {e}")
+                    continue
                 except Exception as e:  # tmpfs full, dir gone: this request fails, the server goes on
                     log.error("rid %s: dump failed: %s", r.rid, e)
                     r.finish(500, f"dump of rid {r.rid} failed: {e}")
@@ -233,6 +278,7 @@ class Engine:
             "max_batch_requests": self.args.max_batch_requests,
             "ready": self.ready.is_set(),
             "stats": stats,
+            "serving": self.serving.count(),
         }
 
 
@@ -312,7 +358,11 @@ class Handler(BaseHTTPRequestHandler):
         rid, ids, msg = parse_generate(body, e.model)
         if msg:
             return self._error(400, msg)
-        req = e.submit(Request(rid, ids))
+        req, new = e.serving.admit(rid, ids)
+        if req is None:
+            return self._error(409, new)
+        if new:
+            e.submit(req)
         req.done.wait()
         if req.status != 200:
             return self._error(req.status, req.error)
