@@ -82,7 +82,7 @@ func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
 			n:        r,
 			staging:  spec.ShmDir,
 			mgr:      &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r},
-			client:   sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, Logger: log}),
+			client:   sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, MaxConns: cfg.Run.MaxInflight, Logger: log}),
 			restarts: restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
 		}
 		rep.status = ServerStatus{Replica: r, State: "stopped", Port: spec.Port}

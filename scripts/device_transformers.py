@@ -18,8 +18,9 @@
       It also proves the layer-index convention on this transformers: hidden_states[k]
       is bit for bit the input of decoder layer k (a forward pre-hook), and the last
       entry is the final norm's output.
-  forward-rate MODEL --tokens-per-batch T --batches N
-      the GPU's forward-only rate with output_hidden_states, tokens/s
+  forward-rate MODEL DATASET --layers a,b,c [--max-batch-tokens T --max-batch-requests R --window W]
+      the GPU's forward-only rate, tokens/s, over the batches the server would form on
+      DATASET, and the peak memory of the capture against output_hidden_states
 """
 
 import argparse
@@ -219,24 +220,63 @@ def replay(model, dev, samples, rids, width, layers):
 
 
 def forward_rate(a):
+    """The forward-only rate of the batches the server would run on this dataset:
+    windows of --window requests in dataset order, sorted by length and cut under the
+    same budget (the server's own plan_window), right-padded, the base model's forward
+    with the attention mask and nothing captured. Also the GPU memory one of the largest
+    batches peaks at with the server's capture (pre-hooks on the three layers) against
+    output_hidden_states=True."""
     import torch
 
-    model = load(a.model)
-    dev = next(model.parameters()).device
-    vocab = model.config.vocab_size
-    seq = 512
-    b = max(1, a.tokens_per_batch // seq)
-    ids = torch.randint(0, vocab, (b, seq), device=dev)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sglang", "hfserver"))
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sglang", "hook"))
+    from extract_hfserver import backend, server
+
+    be = backend.load_transformers(a.model, backend.Options())
+    model, dev = be.model, be.device
+    samples = [json.loads(line)["input_ids"] for line in open(a.dataset)]
+
+    class R:
+        def __init__(self, ids):
+            self.ids = ids
+
+    batches = []
+    for at in range(0, len(samples), a.window):
+        batches += server.plan_window([R(x) for x in samples[at : at + a.window]], a.max_batch_tokens, a.max_batch_requests)
+    tensors = []
+    for b in batches:
+        width = max(len(r.ids) for r in b)
+        ids = torch.zeros((len(b), width), dtype=torch.int64)
+        mask = torch.zeros((len(b), width), dtype=torch.int64)
+        for i, r in enumerate(b):
+            ids[i, : len(r.ids)] = torch.tensor(r.ids)
+            mask[i, : len(r.ids)] = 1
+        tensors.append((ids.to(dev), mask.to(dev)))
+    tokens = sum(len(x) for x in samples)
     with torch.inference_mode():
-        for _ in range(2):
-            model.base_model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        for ids, mask in tensors[:2]:
+            model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for _ in range(a.batches):
-            model.base_model(input_ids=ids, output_hidden_states=True, use_cache=False)
+        for ids, mask in tensors:
+            model.base_model(input_ids=ids, attention_mask=mask, use_cache=False)
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-    print(json.dumps({"forward_tokens_per_second": b * seq * a.batches / dt, "batch": [b, seq]}))
+    layers = [int(x) for x in a.layers.split(",")]
+    big = max(tensors, key=lambda t: t[0].numel())
+    peaks = {}
+    for name, fn in (("capture_hooks", lambda: be.capture(*big, layers)), ("output_hidden_states", lambda: be.forward(*big))):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        out = fn()
+        torch.cuda.synchronize()
+        peaks[name] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+        del out
+    padded = sum(t[0].numel() for t in tensors)
+    print(json.dumps({"forward_tokens_per_second": tokens / dt, "batches": len(tensors), "tokens": tokens,
+                      "padding_efficiency": round(tokens / padded, 3), "seconds": round(dt, 3),
+                      "peak_gib_largest_batch": peaks, "largest_batch": list(big[0].shape)}))
 
 
 def main():
@@ -257,8 +297,11 @@ def main():
     c.add_argument("--mode", choices=("exact", "batched"), required=True)
     f = sub.add_parser("forward-rate")
     f.add_argument("model")
-    f.add_argument("--tokens-per-batch", type=int, default=16384)
-    f.add_argument("--batches", type=int, default=10)
+    f.add_argument("dataset")
+    f.add_argument("--layers", required=True)
+    f.add_argument("--max-batch-tokens", type=int, default=16384)
+    f.add_argument("--max-batch-requests", type=int, default=64)
+    f.add_argument("--window", type=int, default=256)
     a = p.parse_args()
     return {"make-model": make_model, "make-data": make_data, "check": check, "forward-rate": forward_rate}[a.cmd](a) or 0
 

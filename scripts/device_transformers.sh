@@ -1,38 +1,52 @@
 #!/usr/bin/env bash
 # server.kind transformers on a real GPU with real (randomly initialised) models, end to
 # end through the extract binary. Needs: an NVIDIA GPU, python3 with torch, transformers
-# and safetensors, and a prebuilt extract (EXTRACT_BIN, default .devbin/extract; build it
+# and safetensors, and a prebuilt extract (DEVICE_EXTRACT_BIN, default .devbin/extract;
+# not EXTRACT_*: the binary refuses EXTRACT_ variables that name no config key; build it
 # with `go build -o .devbin/extract ./cmd/extract` where Go is). No network.
 #
+#   bash scripts/device_transformers.sh [exact|perf|all]     (default all)
+#
+# The two halves fit one 10-minute device call each; models are kept in $W/models
+# between calls on one machine.
+# exact:
 #   (a) a 4-layer Llama (hidden 256, fixed seed): one request a forward, every output bit
 #       for bit equal to model(input_ids, output_hidden_states=True); then batched, every
 #       output bit for bit equal to an offline replay of its batch.
-#   (b) an 8-layer Llama, hidden 4096 (~3.2 GB of bf16 weights), 512 samples: throughput
-#       of an uninterrupted run next to the GPU's forward-only rate; then a run whose
+#   (b1) an 8-layer Llama, hidden 4096 (~3.2 GB of bf16 weights), 512 samples: a run whose
 #       server is SIGKILLed, whose orchestrator is SIGKILLed, `extract doctor` naming our
 #       server's pid on the GPU as ours, a resume, and every output checked.
+# perf, for (b) and for (c), a 4-layer Llama at hidden 7168 (Kimi's width):
+#   the whole job with the output on the disk and on a tmpfs, the forward-only rate of the
+#   same batches, cp + sync of the same bytes on the same disk, and the ratios against the
+#   targets (whole job >= 0.9 x min(forward, disk); on the tmpfs >= 0.9 x forward).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=$(realpath "${EXTRACT_BIN:-.devbin/extract}")
+MODE=${1:-all}
+BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_transformers.py)
 W=${DEVRUN_DIR:-$PWD/.devrun}
 SHM=/dev/shm/extract-devrun
-rm -rf "$W" "$SHM"; mkdir -p "$W" "$SHM"
+TMPOUT=/dev/shm/extract-devrun-out
+mkdir -p "$W/models"
+find "$W" -mindepth 1 -maxdepth 1 ! -name models -exec rm -rf {} +
+rm -rf "$SHM" "$TMPOUT"; mkdir -p "$SHM" "$TMPOUT"
 export EXTRACT_LOG_LEVEL=info
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
+WINDOW=256 # run.max_inflight and the server's --window-requests
 say() { echo "$*" | tee -a "$SUMMARY"; }
 now() { date +%s.%N; }
 outputs() { find "$1" -name 'data_*.safetensors' 2>/dev/null | wc -l; }
 T0=$(now)
 
-# config NAME MODEL LAYERS HIDDEN CAPTURE MAX_TOKENS MAX_REQUESTS PORT: writes $W/NAME.yaml
+# config NAME MODEL LAYERS HIDDEN CAPTURE MAX_TOKENS MAX_REQUESTS PORT [OUTPUT_DIR]: writes $W/NAME.yaml
 config() {
   mkdir -p "$SHM/$1"
   cat >"$W/$1.yaml" <<EOF
 dataset: $W/$1.jsonl
-output_dir: $W/$1-out
+output_dir: ${9:-$W/$1-out}
 shm_dir: $SHM/$1
 server:
   kind: transformers
@@ -45,11 +59,12 @@ server:
   port: $8
   startup_timeout: 5m
   health_interval: 5s
+  extra_args: ["--window-requests", "$WINDOW", "--writers", "8"]
   transformers:
     max_batch_tokens: $6
     max_batch_requests: $7
 run:
-  max_inflight: 64
+  max_inflight: $WINDOW
   movers: 4
 disk:
   reserve: 1GiB
@@ -72,72 +87,137 @@ run_job() { # NAME: extract run, exit code checked
   [ $rc -eq 0 ] || { FAIL=1; say "FAIL: extract run $1 exit $rc: $(tail -3 "$W/$1.stderr")"; }
 }
 
-say "== transformers on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)')"
+model() { # NAME ARGS...: makes $W/models/NAME once
+  [ -f "$W/models/$1/config.json" ] || python3 "$HELP" make-model "$W/models/$1" "${@:2}" | tee -a "$SUMMARY" || FAIL=1
+}
 
-# ---- (a) tiny model: exact, then batched
-python3 "$HELP" make-model "$W/tiny" --layers 4 --hidden 256 --intermediate 512 --heads 4 --vocab 1000 >>"$SUMMARY" || FAIL=1
-python3 "$HELP" make-data "$W/a1.jsonl" --samples 64 --min-len 4 --max-len 200 --vocab 1000 >>"$SUMMARY"
-cp "$W/a1.jsonl" "$W/a2.jsonl"
-config a1 "$W/tiny" 4 256 "1, 2, 3" 4096 1 31101
-config a2 "$W/tiny" 4 256 "1, 2, 3" 4096 16 31102
-run_job a1; check a1 "$W/tiny" exact 1,2,3
-run_job a2; check a2 "$W/tiny" batched 1,2,3
-
-# ---- (b) 8 layers x 4096: throughput, then kills and resume
-python3 "$HELP" make-model "$W/big" --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000 | tee -a "$SUMMARY" || FAIL=1
-python3 "$HELP" make-data "$W/b0.jsonl" --samples 512 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
-TOKENS=$(python3 -c "import json,sys; print(sum(len(json.loads(l)['input_ids']) for l in open(sys.argv[1])))" "$W/b0.jsonl")
-cp "$W/b0.jsonl" "$W/b1.jsonl"
-config b0 "$W/big" 8 4096 "2, 4, 6" 16384 64 31103
-config b1 "$W/big" 8 4096 "2, 4, 6" 16384 64 31104
-
-start=$(now)
-"$BIN" run --config "$W/b0.yaml" >"$W/b0.stdout" 2>"$W/b0.stderr" &
-RUN=$!
-first=""
-while kill -0 $RUN 2>/dev/null; do
-  if [ -z "$first" ] && [ "$(outputs "$W/b0-out")" -gt 0 ]; then first=$(now); fi
-  sleep 0.05
-done
-wait $RUN; rc=$?
-end=$(now)
-[ $rc -eq 0 ] || { FAIL=1; say "FAIL: b0 exit $rc: $(tail -3 "$W/b0.stderr")"; }
-BYTES=$(du -sb --exclude=.extract "$W/b0-out" | cut -f1)
-python3 - "$start" "${first:-$start}" "$end" "$TOKENS" "$BYTES" <<'EOF' | tee -a "$SUMMARY"
+# timed NAME OUTPUT_DIR SAMPLES: one uninterrupted run; appends "NAME tok/s GB/s" to $W/rates
+timed() {
+  local start first="" end rc
+  start=$(now)
+  "$BIN" run --config "$W/$1.yaml" >"$W/$1.stdout" 2>"$W/$1.stderr" &
+  local run=$!
+  while kill -0 $run 2>/dev/null; do
+    if [ -z "$first" ] && [ "$(outputs "$2")" -gt 0 ]; then first=$(now); fi
+    sleep 0.05
+  done
+  wait $run; rc=$?
+  end=$(now)
+  [ $rc -eq 0 ] || { FAIL=1; say "FAIL: $1 exit $rc: $(tail -3 "$W/$1.stderr")"; }
+  [ "$(outputs "$2")" -eq "$3" ] || { FAIL=1; say "FAIL: $1 wrote $(outputs "$2") outputs, want $3"; }
+  local tokens bytes
+  tokens=$(python3 -c "import json,sys; print(sum(len(json.loads(l)['input_ids']) for l in open(sys.argv[1])))" "$W/$1.jsonl")
+  bytes=$(du -sb --exclude=.extract "$2" | cut -f1)
+  python3 - "$1" "$start" "${first:-$start}" "$end" "$tokens" "$bytes" <<'EOF' | tee -a "$W/rates" | cut -d' ' -f4- | tee -a "$SUMMARY"
 import sys
-start, first, end, tokens, nbytes = map(float, sys.argv[1:])
+name = sys.argv[1]
+start, first, end, tokens, nbytes = map(float, sys.argv[2:])
 steady = max(end - first, 1e-9)
-print(f"throughput b0: 512 samples, {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; wall {end-start:.1f}s "
-      f"(server start included); from first output to last {steady:.1f}s: {tokens/steady:,.0f} tok/s, {nbytes/1e9/steady:.2f} GB/s")
+print(f"{name} {tokens/steady:.0f} {nbytes/steady:.0f} throughput {name}: {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; wall {end-start:.1f}s "
+      f"(server start included); first output to last {steady:.2f}s: {tokens/steady:,.0f} tok/s, {nbytes/1e9/steady:.2f} GB/s")
 EOF
-python3 "$HELP" forward-rate "$W/big" --tokens-per-batch 16384 --batches 10 | sed 's/^/forward-only: /' | tee -a "$SUMMARY"
+}
 
-# b1: SIGKILL the server at 100 outputs, the orchestrator at 250, doctor, resume.
-"$BIN" run --config "$W/b1.yaml" >"$W/b1.stdout" 2>"$W/b1.stderr" &
-RUN=$!
-until [ "$(outputs "$W/b1-out")" -ge 100 ] || ! kill -0 $RUN 2>/dev/null; do sleep 0.02; done
-SPID=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pgid'])" "$W/b1-out/.extract/server.json")
-kill -9 -- -"$SPID" && say "killed server group $SPID at $(outputs "$W/b1-out") outputs"
-until [ "$(outputs "$W/b1-out")" -ge 250 ] || ! kill -0 $RUN 2>/dev/null; do sleep 0.02; done
-if kill -9 $RUN 2>/dev/null; then say "killed orchestrator $RUN at $(outputs "$W/b1-out") outputs"; else FAIL=1; say "FAIL: b1 ended before the orchestrator kill"; fi
-wait $RUN 2>/dev/null
-SPID2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$W/b1-out/.extract/server.json")
-[ "$SPID2" != "$SPID" ] || { FAIL=1; say "FAIL: no new server after the kill"; }
-"$BIN" doctor --config "$W/b1.yaml" >"$W/doctor.txt" 2>&1
-say "doctor (server $SPID2 alive, orchestrator dead): $(grep -E '^\S*\s*(gpu 0|cuda|torch|transformers|model|model config|gpu memory|hook)\b' "$W/doctor.txt" | tr '\n' '|' | cut -c1-900)"
-grep -q "held by our server (pid $SPID2" "$W/doctor.txt" || { FAIL=1; say "FAIL: doctor does not name server pid $SPID2 on the GPU as ours (see $W/doctor.txt)"; }
-"$BIN" run --resume --config "$W/b1.yaml" >"$W/b1-resume.stdout" 2>"$W/b1-resume.stderr" || { FAIL=1; say "FAIL: resume: $(tail -3 "$W/b1-resume.stderr")"; }
-grep -q "adopting server" "$W/b1-out/.extract/logs/extract.log" "$W/b1-resume.stderr" && say "resume adopted server $SPID2"
-say "status b1: $("$BIN" status --json --config "$W/b1.yaml" | tr -d '\n' | cut -c1-400)"
-check b1 "$W/big" batched 2,4,6
+# disk_rate NAME SRC: cp + sync of SRC's outputs to a new dir on the same disk
+disk_rate() {
+  sync
+  local dst="$W/$1-cp" t0 t1 bytes
+  t0=$(now)
+  mkdir -p "$dst" && cp -r "$2"/rows_* "$dst/" && sync
+  t1=$(now)
+  bytes=$(du -sb "$dst" | cut -f1)
+  python3 -c "import sys; b,t=float(sys.argv[2]),float(sys.argv[3])-float(sys.argv[1]); print(f'{sys.argv[4]} {b/t:.0f} cp + sync {sys.argv[4]}: {b/1e9:.2f} GB in {t:.2f}s: {b/1e9/t:.2f} GB/s')" "$t0" "$t1" "$bytes" "$1" | tee -a "$W/rates" | cut -d' ' -f3- | tee -a "$SUMMARY"
+  rm -rf "$dst"
+}
+
+# perf NAME MODEL LAYERS HIDDEN CAPTURE SAMPLES MAX_TOKENS PORT: disk run, tmpfs run, forward, cp
+perf() {
+  local n=$1
+  cp "$W/$n.jsonl" "$W/${n}t.jsonl"
+  config "$n" "$W/models/$2" "$3" "$4" "$5" "$7" 64 "$8"
+  config "${n}t" "$W/models/$2" "$3" "$4" "$5" "$7" 64 $(($8 + 1)) "$TMPOUT/${n}t"
+  timed "$n" "$W/$n-out" "$6"
+  disk_rate "$n-disk" "$W/$n-out"
+  timed "${n}t" "$TMPOUT/${n}t" "$6"
+  cp "$TMPOUT/${n}t/.extract/logs/server.log" "$W/${n}t-server.log" 2>/dev/null
+  rm -rf "$TMPOUT/${n}t"
+  python3 "$HELP" forward-rate "$W/models/$2" "$W/$n.jsonl" --layers "$(echo "$5" | tr -d ' ')" --max-batch-tokens "$7" --max-batch-requests 64 --window "$WINDOW" \
+    | tee "$W/$n-forward.json" | sed "s/^/forward-only $n: /" | tee -a "$SUMMARY"
+  python3 - "$W/rates" "$W/$n-forward.json" "$n" <<'EOF' | tee -a "$SUMMARY"
+import json, sys
+rates = {l.split()[0]: l.split()[1:3] for l in open(sys.argv[1]) if l.strip()}
+fwd = json.load(open(sys.argv[2]))["forward_tokens_per_second"]
+n = sys.argv[3]
+tok, byt = map(float, rates[n])
+tok_t = float(rates[n + "t"][0])
+disk = float(rates[n + "-disk"][0])
+per_token = byt / tok
+limit = min(fwd * per_token, disk)
+r_disk, r_tmp = byt / limit, tok_t / fwd
+ok = r_disk >= 0.9 and r_tmp >= 0.9
+print(f"targets {n}: disk run {byt/1e9:.2f} GB/s = {r_disk:.2f}x min(forward {fwd*per_token/1e9:.2f} GB/s, cp+sync {disk/1e9:.2f} GB/s) "
+      f"(want >= 0.9); tmpfs run {tok_t:,.0f} tok/s = {r_tmp:.2f}x forward-only {fwd:,.0f} tok/s (want >= 0.9): {'MET' if ok else 'MISSED'}")
+EOF
+}
+
+say "== transformers on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); $(python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'); mode $MODE; $(nproc) CPUs; disk: $(df -h "$W" | tail -1 | tr -s ' ')"
+
+if [ "$MODE" = exact ] || [ "$MODE" = all ]; then
+  # ---- (a) tiny model: exact, then batched
+  model tiny --layers 4 --hidden 256 --intermediate 512 --heads 4 --vocab 1000
+  python3 "$HELP" make-data "$W/a1.jsonl" --samples 64 --min-len 4 --max-len 200 --vocab 1000 >>"$SUMMARY"
+  cp "$W/a1.jsonl" "$W/a2.jsonl"
+  config a1 "$W/models/tiny" 4 256 "1, 2, 3" 4096 1 31101
+  config a2 "$W/models/tiny" 4 256 "1, 2, 3" 4096 16 31102
+  run_job a1
+  # A broken server breaks every run after this one: stop here and show why.
+  [ $FAIL -eq 0 ] || { tail -40 "$W/a1-out/.extract/logs/server.log"; cat "$SUMMARY"; exit 1; }
+  check a1 "$W/models/tiny" exact 1,2,3
+  run_job a2; check a2 "$W/models/tiny" batched 1,2,3
+
+  # ---- (b1) 8 layers x 4096: SIGKILL the server at 100 outputs, the orchestrator at 250, doctor, resume.
+  model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
+  python3 "$HELP" make-data "$W/b1.jsonl" --samples 512 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  config b1 "$W/models/big" 8 4096 "2, 4, 6" 16384 64 31104
+  "$BIN" run --config "$W/b1.yaml" >"$W/b1.stdout" 2>"$W/b1.stderr" &
+  RUN=$!
+  until [ "$(outputs "$W/b1-out")" -ge 100 ] || ! kill -0 $RUN 2>/dev/null; do sleep 0.02; done
+  SPID=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pgid'])" "$W/b1-out/.extract/server.json")
+  kill -9 -- -"$SPID" && say "killed server group $SPID at $(outputs "$W/b1-out") outputs"
+  until [ "$(outputs "$W/b1-out")" -ge 250 ] || ! kill -0 $RUN 2>/dev/null; do sleep 0.02; done
+  if kill -9 $RUN 2>/dev/null; then say "killed orchestrator $RUN at $(outputs "$W/b1-out") outputs"; else FAIL=1; say "FAIL: b1 ended before the orchestrator kill"; fi
+  wait $RUN 2>/dev/null
+  SPID2=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['pid'])" "$W/b1-out/.extract/server.json")
+  [ "$SPID2" != "$SPID" ] || { FAIL=1; say "FAIL: no new server after the kill"; }
+  "$BIN" doctor --config "$W/b1.yaml" >"$W/doctor.txt" 2>&1
+  say "doctor (server $SPID2 alive, orchestrator dead): $(grep -E '^\S*\s*(gpu 0|cuda|torch|transformers|model|model config|gpu memory|hook)\b' "$W/doctor.txt" | tr '\n' '|' | cut -c1-900)"
+  grep -q "held by our server (pid $SPID2" "$W/doctor.txt" || { FAIL=1; say "FAIL: doctor does not name server pid $SPID2 on the GPU as ours (see $W/doctor.txt)"; }
+  "$BIN" run --resume --config "$W/b1.yaml" >"$W/b1-resume.stdout" 2>"$W/b1-resume.stderr" || { FAIL=1; say "FAIL: resume: $(tail -3 "$W/b1-resume.stderr")"; }
+  grep -q "adopting server" "$W/b1-out/.extract/logs/extract.log" "$W/b1-resume.stderr" && say "resume adopted server $SPID2"
+  say "status b1: $("$BIN" status --json --config "$W/b1.yaml" | tr -d '\n' | cut -c1-400)"
+  check b1 "$W/models/big" batched 2,4,6
+fi
+
+if [ "$MODE" = perf ] || [ "$MODE" = all ]; then
+  # ---- (b) 8 layers x 4096
+  model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
+  python3 "$HELP" make-data "$W/b0.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  perf b0 big 8 4096 "2, 4, 6" 1024 16384 31103
+  # ---- (c) 4 layers x 7168 (Kimi's width: 57 KiB a token)
+  model wide --layers 4 --hidden 7168 --intermediate 18432 --heads 56 --vocab 32000
+  python3 "$HELP" make-data "$W/c0.jsonl" --samples 384 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  perf c0 wide 4 7168 "1, 2, 3" 384 16384 31105
+fi
 
 say "== total $(python3 -c "print(round($(now) - $T0))")s; $([ $FAIL -eq 0 ] && echo PASS || echo FAIL)"
-rm -rf "$SHM"
+rm -rf "$SHM" "$TMPOUT"
 # The device tool brings back what is under $OUT: the summary, doctor's report, log tails.
 if [ -n "${OUT:-}" ]; then
-  cp "$SUMMARY" "$W/doctor.txt" "$OUT/" 2>/dev/null
-  for j in a1 a2 b0 b1; do tail -c 200000 "$W/$j-out/.extract/logs/server.log" >"$OUT/$j-server.log" 2>/dev/null; done
-  tail -c 200000 "$W/b1-out/.extract/logs/extract.log" >"$OUT/b1-extract.log" 2>/dev/null
+  cp "$SUMMARY" "$OUT/" 2>/dev/null
+  [ -f "$W/doctor.txt" ] && cp "$W/doctor.txt" "$OUT/"
+  for j in a2 b1 b0 c0; do [ -f "$W/$j-out/.extract/logs/server.log" ] && tail -c 200000 "$W/$j-out/.extract/logs/server.log" >"$OUT/$j-server.log"; done
+  [ -f "$W/b0t-server.log" ] && tail -c 200000 "$W/b0t-server.log" >"$OUT/b0t-server.log"
+  [ -f "$W/b1-out/.extract/logs/extract.log" ] && tail -c 200000 "$W/b1-out/.extract/logs/extract.log" >"$OUT/b1-extract.log"
 fi
 echo; echo "==== SUMMARY"; cat "$SUMMARY"
 exit $FAIL

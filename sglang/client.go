@@ -24,7 +24,12 @@ type ClientOptions struct {
 	AttemptTimeout time.Duration
 	// RetryWaitMin and RetryWaitMax bound the exponential backoff (defaults 1s and 30s).
 	RetryWaitMin, RetryWaitMax time.Duration
-	Logger                     *slog.Logger
+	// MaxConns is the most requests the caller keeps open at once (run.max_inflight):
+	// that many connections stay open between requests, so a window of them reuses its
+	// connections instead of dialling anew each time one more than the pool's default
+	// (GOMAXPROCS+1) finishes at once.
+	MaxConns int
+	Logger   *slog.Logger
 }
 
 // Client talks to an SGLang server (or the simulator) over HTTP.
@@ -61,6 +66,10 @@ func NewClient(baseURL string, opt ClientOptions) *Client {
 	}
 	rc := retryablehttp.NewClient()
 	rc.HTTPClient.Timeout = opt.AttemptTimeout
+	if t, ok := rc.HTTPClient.Transport.(*http.Transport); ok {
+		t.MaxIdleConnsPerHost = max(t.MaxIdleConnsPerHost, opt.MaxConns)
+		t.MaxIdleConns = max(t.MaxIdleConns, opt.MaxConns)
+	}
 	rc.RetryMax = opt.RetryMax
 	rc.RetryWaitMin = opt.RetryWaitMin
 	rc.RetryWaitMax = opt.RetryWaitMax

@@ -94,6 +94,7 @@ class ServerTest(unittest.TestCase):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.shm = os.path.join(cls.tmp.name, "shm")
         os.mkdir(cls.shm)
+        cls.gate = os.path.join(cls.tmp.name, "gate")
         cls.port = free_port()
         cls.proc = cls.start(cls.port, cls.LAYERS, delay="0.2")
         cls.base = f"http://127.0.0.1:{cls.port}"
@@ -110,7 +111,8 @@ class ServerTest(unittest.TestCase):
 
     @classmethod
     def start(cls, port, layers, delay="0", extra=()):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, HOOK]), HFSERVER_BACKEND="tinymodel:load", TINY_DELAY=delay)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, HOOK]), HFSERVER_BACKEND="tinymodel:load", TINY_DELAY=delay,
+                   TINY_GATE=cls.gate)
         argv = [sys.executable, "-m", "extract_hfserver", "--model-path", "/models/tiny", "--port", str(port),
                 "--shm-dir", cls.shm, "--layers", ",".join(map(str, layers)),
                 "--max-batch-tokens", "64", "--max-batch-requests", "8", "--batch-wait", "0.05", *extra]
@@ -201,6 +203,64 @@ class ServerTest(unittest.TestCase):
         self.assertLess(batches, len(prompts), "24 concurrent requests never shared a forward")
         self.assertLessEqual(after["max_batch_requests_seen"], 8)
         self.assertFalse([n for n in os.listdir(self.shm) if n.endswith(".partial")])
+
+    def hold_forwards(self):
+        """Holds every forward until the returned function is called."""
+        open(self.gate, "w").close()
+        self.addCleanup(lambda: os.path.exists(self.gate) and os.unlink(self.gate))
+        return lambda: os.unlink(self.gate)
+
+    def wait_serving(self, n):
+        deadline = time.monotonic() + 60
+        while self.get("/server_info")[1]["serving"] < n:
+            self.assertLess(time.monotonic(), deadline, f"never {n} requests being served")
+            time.sleep(0.01)
+
+    def test_a_retried_rid_joins_the_request_in_flight_and_is_computed_once(self):
+        import tinymodel
+
+        rid, ids = "s000000700-a1", [5, 6, 7, 8, 9]
+        before = self.get("/server_info")[1]["stats"]["requests"]
+        release = self.hold_forwards()
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            first = pool.submit(self.post, {"rid": rid, "input_ids": ids})
+            self.wait_serving(1)
+            retries = [pool.submit(self.post, {"rid": rid, "input_ids": ids}) for _ in range(3)]
+            time.sleep(0.2)  # let the retries reach the server: a late one is only a new request
+            release()
+            answers = [f.result() for f in [first, *retries]]
+        self.assertEqual([a[0] for a in answers], [200] * 4, answers)
+        self.assertEqual(self.get("/server_info")[1]["stats"]["requests"] - before, 1, "the rid was computed more than once")
+        _, t = read_dump(os.path.join(self.shm, rid + ".safetensors"))
+        aux, final = tinymodel.expected(ids, self.LAYERS)
+        self.assertEqual((t["aux_hidden_state"], t["hidden_state"]), (bf16_bytes(aux), bf16_bytes(final)))
+        self.assertFalse([n for n in os.listdir(self.shm) if n.endswith(".partial")])
+
+    def test_a_rid_in_flight_with_other_input_ids_is_a_conflict(self):
+        rid = "s000000701-a1"
+        release = self.hold_forwards()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(self.post, {"rid": rid, "input_ids": [1, 2, 3]})
+            self.wait_serving(1)
+            status, answer = self.post({"rid": rid, "input_ids": [1, 2, 4]})
+            release()
+            self.assertEqual(first.result()[0], 200)
+        self.assertEqual(status, 409, answer)
+        self.assertIn("other input ids", answer["error"]["message"])
+        _, t = read_dump(os.path.join(self.shm, rid + ".safetensors"))
+        self.assertEqual(t["input_ids"], struct.pack("<3q", 1, 2, 3))
+
+    def test_a_partial_someone_else_holds_is_a_conflict_and_stays(self):
+        rid = "s000000702-a1"
+        partial = os.path.join(self.shm, rid + ".safetensors.partial")
+        with open(partial, "wb") as f:
+            f.write(b"another writer's bytes")
+        status, answer = self.post({"rid": rid, "input_ids": [1, 2, 3]})
+        self.assertEqual(status, 409, answer)
+        with open(partial, "rb") as f:
+            self.assertEqual(f.read(), b"another writer's bytes")
+        self.assertFalse(os.path.exists(os.path.join(self.shm, rid + ".safetensors")))
+        os.unlink(partial)
 
     def test_bad_requests_are_refused_with_400_and_no_dump(self):
         for body in (

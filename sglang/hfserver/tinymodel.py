@@ -12,6 +12,8 @@ where c_p is the number of attended positions up to p (p + 1 for a right-padded 
 computed from the attention mask, so padding that leaked would change it).
 TINY_LAYERS and TINY_HIDDEN set the shape (defaults 4 and 16). TINY_DELAY delays each
 forward by that many seconds, so that requests pile up into batches in the tests.
+TINY_GATE names a file: while it exists, every forward waits (a test holds requests in
+flight for as long as it needs, without guessing at timings).
 """
 
 import os
@@ -47,10 +49,13 @@ class TinyBackend:
         self.num_layers, self.hidden_size = num_layers, hidden_size
         self.device = torch.device("cpu")
         self.delay = float(os.environ.get("TINY_DELAY", "0"))
+        self.gate = os.environ.get("TINY_GATE", "")
 
     def forward(self, input_ids, attention_mask):
         if self.delay:
             time.sleep(self.delay)
+        while self.gate and os.path.exists(self.gate):
+            time.sleep(0.01)
         with torch.no_grad():
             return self.module(input_ids, attention_mask)
 

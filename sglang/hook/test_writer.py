@@ -161,6 +161,66 @@ class WriteDumpTest(unittest.TestCase):
         self.assertEqual(os.listdir(self.dir), [RID + ".safetensors"])
         self.assertTrue(os.path.isdir(os.path.join(self.dir, RID + ".safetensors")))
 
+    def test_a_symlink_planted_under_the_partial_name_is_not_followed(self):
+        victim = os.path.join(self.dir, "victim")
+        with open(victim, "wb") as f:
+            f.write(b"not yours")
+        partial = os.path.join(self.dir, RID + ".safetensors.partial")
+        os.symlink(victim, partial)
+        with self.assertRaises(writer.DumpInProgress):
+            self.write()
+        with open(victim, "rb") as f:
+            self.assertEqual(f.read(), b"not yours")
+        self.assertTrue(os.path.islink(partial), "the planted name is not ours to remove")
+        self.assertFalse(os.path.exists(os.path.join(self.dir, RID + ".safetensors")))
+
+    def test_a_partial_being_written_is_neither_truncated_nor_removed(self):
+        # Another writer of this rid holds the partial name (a retried request, or a
+        # second server on the same staging dir): its bytes stay exactly as they are.
+        partial = os.path.join(self.dir, RID + ".safetensors.partial")
+        with open(partial, "wb") as f:
+            f.write(b"another writer's bytes")
+        with self.assertRaises(writer.DumpInProgress) as caught:
+            self.write()
+        self.assertIsInstance(caught.exception, FileExistsError)
+        with open(partial, "rb") as f:
+            self.assertEqual(f.read(), b"another writer's bytes")
+        self.assertEqual(os.listdir(self.dir), [RID + ".safetensors.partial"])
+
+    def test_concurrent_writers_of_one_rid_never_leave_a_mixed_dump(self):
+        # Two threads write the same rid with different bytes at the same moment, many
+        # times over. Whatever the interleaving, the dump that appears is one writer's,
+        # whole; the other writer is told the rid is being written.
+        tokens, hidden = 64, 1024  # 512 KiB a dump: writes long enough to overlap
+        mixed = 0
+        for round_ in range(30):
+            barrier = threading.Barrier(2)
+            results, wants = {}, {}
+
+            def run(seed):
+                args = dict(aux=bytes([seed]) * (tokens * 3 * hidden * 2), hidden=bytes([seed + 1]) * (tokens * hidden * 2))
+                wants[seed] = args
+                barrier.wait()
+                try:
+                    self.write(tokens=tokens, hidden_size=hidden, **args)
+                    results[seed] = "written"
+                except writer.DumpInProgress:
+                    results[seed] = "in progress"
+
+            threads = [threading.Thread(target=run, args=(seed,)) for seed in (10, 20)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            self.assertIn("written", results.values(), f"round {round_}: {results}")
+            _, _, header, body = read_dump(os.path.join(self.dir, RID + ".safetensors"))
+            a0, a1 = header["aux_hidden_state"]["data_offsets"]
+            h0, h1 = header["hidden_state"]["data_offsets"]
+            whole = [s for s, w in wants.items() if body[a0:a1] == w["aux"] and body[h0:h1] == w["hidden"]]
+            mixed += not whole
+            self.assertEqual(os.listdir(self.dir), [RID + ".safetensors"], f"round {round_}")
+        self.assertEqual(mixed, 0, "dumps with bytes of both writers")
+
     def test_missing_directory_leaves_nothing(self):
         with self.assertRaises(FileNotFoundError):
             writer.write_dump(
@@ -213,6 +273,19 @@ class MarkerTest(unittest.TestCase):
             },
         )
         self.assertEqual(os.listdir(self.dir), [name])
+
+    def test_a_symlink_under_the_old_marker_temp_name_is_not_followed(self):
+        victim = os.path.join(self.dir, "victim")
+        with open(victim, "w") as f:
+            f.write("not yours")
+        planted = writer.marker_path(self.dir, 4242) + ".partial"
+        os.symlink(victim, planted)
+        writer.write_marker(self.dir, 4242, {"layers": "2,30,58"})
+        with open(victim) as f:
+            self.assertEqual(f.read(), "not yours")
+        self.assertTrue(os.path.islink(planted))
+        with open(writer.marker_path(self.dir, 4242)) as f:
+            self.assertEqual(json.load(f)["pid"], 4242)
 
     def test_stale_markers_are_removed(self):
         # A child that has exited and been reaped is a pid that no longer exists.

@@ -11,6 +11,12 @@ A backend is any object with these attributes and one method:
     tokenizer     None, or a callable text -> list of int ids
     forward(input_ids, attention_mask) -> (hidden_states, final)
 
+and may have
+
+    capture(input_ids, attention_mask, layers) -> ([hidden_states[k] for k in layers], final)
+
+which computes the same tensors without keeping every layer's output alive.
+
 forward gets [B, S] int64 tensors (right-padded, attention_mask 1 on real tokens) and
 returns hidden_states, a sequence of num_layers + 1 tensors [B, S, H] in Hugging Face's
 output_hidden_states convention (entry 0 the embeddings, entry k the input of decoder
@@ -80,6 +86,33 @@ class TransformersBackend:
             )
         return out.hidden_states, out.last_hidden_state
 
+    def capture(self, input_ids, attention_mask, layers):
+        """Forward pre-hooks on the captured decoder layers only: output_hidden_states
+        keeps all num_layers + 1 outputs alive until the forward returns, which at 61
+        layers is 20x the memory of the three kept here. hidden_states[k] is the input of
+        decoder layer k (device_transformers.py checks that on the installed transformers),
+        so the tensors, and the dumps, are the same bit for bit."""
+        decoder = getattr(self.base, "layers", None)
+        if decoder is None or len(decoder) != self.num_layers:
+            hidden_states, final = self.forward(input_ids, attention_mask)
+            return [hidden_states[k] for k in layers], final
+        got = {}
+
+        def keep(k):
+            def hook(module, args, kwargs):
+                got[k] = args[0] if args else kwargs["hidden_states"]
+
+            return hook
+
+        handles = [decoder[k].register_forward_pre_hook(keep(k), with_kwargs=True) for k in layers]
+        try:
+            with self._torch.inference_mode():
+                out = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=True)
+        finally:
+            for h in handles:
+                h.remove()
+        return [got[k] for k in layers], out.last_hidden_state
+
 
 def load_transformers(model_path, options):
     """Loads model_path (a local folder; the hub is never asked) onto the visible GPUs."""
@@ -93,6 +126,11 @@ def load_transformers(model_path, options):
     if options.attn_implementation:
         kwargs["attn_implementation"] = options.attn_implementation
     gpus = torch.cuda.device_count()
+    if gpus and hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        # cuDNN's SDPA kernels were slow and serialised on an H200 for these shapes (bf16,
+        # a padding mask, one forward after another): the job missed its target until
+        # SDPA took the flash or memory-efficient kernels instead (docs/performance.md).
+        torch.backends.cuda.enable_cudnn_sdp(False)
     if gpus == 0:
         device = torch.device("cpu")
     elif options.tp_size > 1:

@@ -1,14 +1,18 @@
 """HTTP front, batching worker and dump writing of the transformers server.
 
 Threads: http.server answers each connection on its own thread and queues /generate
-requests; one worker thread forms batches under the token budget and runs the forward;
-a small pool writes the dumps. A /generate answers only after its dump is renamed into
+requests; one worker thread takes windows of them, sorted by length, cuts them into
+batches under the token budget, runs each forward, gathers the real rows of the
+captured layers on the GPU and hands them to extract_hook.pipeline, which copies them
+to pinned host memory on a side stream and writes the dumps on its writer threads
+while the next forward runs. A /generate answers only after its dump is renamed into
 place, so (unlike SGLang's hook, which writes after the answer) a 200 means the file is
 there.
 """
 
 import argparse
-import concurrent.futures
+import array
+import collections
 import json
 import logging
 import os
@@ -43,16 +47,56 @@ def check_layers(layers, num_layers):
 
 
 class Request:
-    __slots__ = ("rid", "ids", "done", "error", "status")
+    __slots__ = ("rid", "ids", "done", "error", "status", "on_finish")
 
     def __init__(self, rid, ids):
         self.rid, self.ids = rid, ids
         self.done = threading.Event()
         self.error, self.status = None, 200
+        self.on_finish = None
 
     def finish(self, status=200, error=None):
         self.status, self.error = status, error
+        if self.on_finish is not None:
+            self.on_finish(self)
         self.done.set()
+
+
+class Serving:
+    """The requests being served, one per rid.
+
+    The Go client retries a 5xx or a broken connection under the same rid, so a second
+    POST of a rid can arrive while the first is still queued, in a forward or being
+    written. It joins the first (same input ids: it gets the first's answer, and the
+    rid is computed and written once) or is refused with 409 (other ids: not the same
+    request). Two requests of one rid never write one dump at the same time.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._by_rid = {}
+
+    def admit(self, rid, ids):
+        """Returns (request, is_new), or (None, conflict message)."""
+        with self._lock:
+            current = self._by_rid.get(rid)
+            if current is not None:
+                if current.ids != ids:
+                    return None, f"rid {rid} is being served with other input ids"
+                return current, False
+            req = Request(rid, ids)
+            req.on_finish = self._release
+            self._by_rid[rid] = req
+            return req, True
+
+    def count(self):
+        with self._lock:
+            return len(self._by_rid)
+
+    def _release(self, req):
+        with self._lock:
+            if self._by_rid.get(req.rid) is req:
+                del self._by_rid[req.rid]
 
 
 def plan_batch(pending, first, max_tokens, max_requests):
@@ -72,21 +116,42 @@ def plan_batch(pending, first, max_tokens, max_requests):
     return batch
 
 
+def plan_window(window, max_tokens, max_requests):
+    """Cuts a window of requests into batches: sorted by prompt length first, so each
+    batch holds prompts of about one length and little of its forward is padding (in
+    arrival order half of it was). Every request of the window runs before any request
+    that arrived after it, so none waits behind later ones for long. Returns the list
+    of batches in the order they run."""
+    pending = collections.deque(sorted(window, key=lambda r: len(r.ids)))
+    batches = []
+    while pending:
+        batches.append(plan_batch(pending, pending.popleft(), max_tokens, max_requests))
+    return batches
+
+
+def spans(lengths):
+    """(start, end) rows of each prompt in the gathered [sum(lengths), ...] block."""
+    out, at = [], 0
+    for n in lengths:
+        out.append((at, at + n))
+        at += n
+    return out
+
+
 class Engine:
-    """Owns the backend, the queue, the batch worker and the writer pool."""
+    """Owns the backend, the queue, the batch worker and the dump pipeline."""
 
     def __init__(self, args):
         self.args = args
         self.layers = writer.parse_layers(args.layers)
         self.model = None
+        self.pipeline = None  # made on the first batch, on the device of its output
         self.ready = threading.Event()
         self.dead = None  # set to a message when the worker died
         self.queue = queue.Queue()
-        self.writers = concurrent.futures.ThreadPoolExecutor(max_workers=args.writers, thread_name_prefix="dump")
-        # Bounds rows copied to the host but not yet written: the worker waits for room.
-        self.in_host = threading.Semaphore(2)
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0}
         self.stats_lock = threading.Lock()
+        self.serving = Serving()
 
     def load(self):
         opts = backend.Options(dtype=self.args.dtype, tp_size=self.args.tp_size, attn_implementation=self.args.attn_implementation)
@@ -105,27 +170,27 @@ class Engine:
         return req
 
     def _worker(self):
-        import collections
-
-        pending = collections.deque()
+        window = []
         try:
             while True:
-                if not pending:
-                    pending.append(self.queue.get())
+                window = [self.queue.get()]
                 # Gather what arrived meanwhile, and give a burst a moment to arrive.
                 deadline = time.monotonic() + self.args.batch_wait
-                while True:
+                while len(window) < self.args.window_requests:
                     try:
                         timeout = max(0.0, deadline - time.monotonic())
-                        pending.append(self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait())
+                        window.append(self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait())
                     except queue.Empty:
                         break
-                batch = plan_batch(pending, pending.popleft(), self.args.max_batch_tokens, self.args.max_batch_requests)
-                self._run(batch)
+                batches = plan_window(window, self.args.max_batch_tokens, self.args.max_batch_requests)
+                window = [r for b in batches for r in b]
+                while batches:
+                    self._run(batches[0])
+                    window = window[len(batches.pop(0)) :]
         except BaseException as e:  # the server cannot serve any more: say so everywhere
             log.exception("batch worker died")
             self.dead = f"batch worker died: {type(e).__name__}: {e}"
-            for req in list(pending):
+            for req in window:
                 req.finish(500, self.dead)
             while True:
                 try:
@@ -138,10 +203,13 @@ class Engine:
             os._exit(1)
 
     def _run(self, batch):
+        """Runs one batch's forward and queues its dumps; returns without waiting for
+        the GPU, the copy to the host or the writes (pipeline.py)."""
         import torch
 
         model = self.model
         width = max(len(r.ids) for r in batch)
+        lengths = [len(r.ids) for r in batch]
         ids = torch.zeros((len(batch), width), dtype=torch.int64)
         mask = torch.zeros((len(batch), width), dtype=torch.int64)
         for i, r in enumerate(batch):
@@ -149,20 +217,26 @@ class Engine:
             # attention never lets a real token see the pads after it.
             ids[i, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.int64)
             mask[i, : len(r.ids)] = 1
+        # The real rows' positions in the flattened [B * W] batch: only these are copied.
+        rows = mask.view(-1).nonzero().view(-1)
         started = time.monotonic()
         try:
-            hidden_states, final = model.forward(ids.to(model.device), mask.to(model.device))
-            if len(hidden_states) != model.num_layers + 1:
-                raise RuntimeError(f"model returned {len(hidden_states)} hidden states, want {model.num_layers + 1}")
+            ids, mask, rows = (to_device(t, model.device) for t in (ids, mask, rows))
+            captured, final = capture(model, ids, mask, self.layers)
             dev = final.device
-            aux = torch.cat([hidden_states[k].to(dev) for k in self.layers], dim=-1).to(torch.bfloat16)
-            final = final.to(torch.bfloat16)
-            self.in_host.acquire()
-            try:
-                aux, final = aux.cpu(), final.cpu()
-            except BaseException:
-                self.in_host.release()
-                raise
+            if self.pipeline is None:
+                from extract_hook import pipeline
+
+                self.pipeline = pipeline.Pipeline(torch, dev, max(self.args.max_batch_tokens, 1), model.hidden_size,
+                                                  buffers=self.args.host_buffers, writers=self.args.writers)
+            h = model.hidden_size
+            n = int(rows.numel())
+            flat, aux, fin = self.pipeline.device_buffer(n)
+            rows = rows.to(dev, non_blocking=True)
+            for j, c in enumerate(captured):
+                aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
+            torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
+            del captured, final, aux, fin
         except _out_of_memory() as e:
             # Too big a batch for this GPU: fail these requests (the orchestrator retries
             # them) and keep serving; a smaller server.transformers.max_batch_tokens fixes it.
@@ -175,42 +249,47 @@ class Engine:
             s = self.stats
             s["batches"] += 1
             s["requests"] += len(batch)
-            s["tokens"] += sum(len(r.ids) for r in batch)
+            s["tokens"] += sum(lengths)
             s["padded_tokens"] += width * len(batch)
             s["max_batch_requests_seen"] = max(s["max_batch_requests_seen"], len(batch))
-            s["forward_seconds"] += elapsed
+            s["forward_seconds"] += elapsed  # the forward thread's time: the GPU runs on after it
         # One line a batch: with it an offline forward can replay the very same batch
         # (same padding, same shapes, same kernels) and compare bit for bit
         # (scripts/device_transformers.py); "-" is a health probe's [0].
         log.info("batch %d: width %d rids %s", s["batches"], width, ",".join(r.rid or "-" for r in batch))
-        self.writers.submit(self._write, batch, aux, final, ids)
+        self.pipeline.submit(flat, n, batch, spans(lengths), self._write, lambda: None)
 
-    def _write(self, batch, aux, final, ids):
+    def _write(self, host, r, start, end, rows):
+        """Writes request r's dump from rows [start, end) of its batch's host block (a
+        writer thread of the pipeline); answers r."""
+        if r.rid is None:  # a health probe: the forward ran, nothing to dump
+            r.finish()
+            return
+        from extract_hook import pipeline
+
         try:
-            for i, r in enumerate(batch):
-                if r.rid is None:  # a health probe: the forward ran, nothing to dump
-                    r.finish()
-                    continue
-                t = len(r.ids)
-                try:
-                    writer.write_dump(
-                        self.args.shm_dir,
-                        r.rid,
-                        aux=_bytes(aux[i, :t]),
-                        hidden=_bytes(final[i, :t]),
-                        input_ids=_bytes(ids[i, :t]),
-                        tokens=t,
-                        hidden_size=self.model.hidden_size,
-                        layers=self.layers,
-                        model=self.args.model_path,
-                    )
-                except Exception as e:  # tmpfs full, dir gone: this request fails, the server goes on
-                    log.error("rid %s: dump failed: %s", r.rid, e)
-                    r.finish(500, f"dump of rid {r.rid} failed: {e}")
-                    continue
-                r.finish()
-        finally:
-            self.in_host.release()
+            a0, a1, f0, f1 = pipeline.layout(rows, self.model.hidden_size, start, end)
+            raw = host_bytes(host)
+            writer.write_dump(
+                self.args.shm_dir,
+                r.rid,
+                aux=raw[2 * a0 : 2 * a1],
+                hidden=raw[2 * f0 : 2 * f1],
+                input_ids=array.array("q", r.ids),
+                tokens=end - start,
+                hidden_size=self.model.hidden_size,
+                layers=self.layers,
+                model=self.args.model_path,
+            )
+        except writer.DumpInProgress as e:  # not ours: another process, or left over
+            log.error("rid %s: dump not written: %s", r.rid, e)
+            r.finish(409, f"dump of rid {r.rid} not written: {e}")
+            return
+        except Exception as e:  # tmpfs full, dir gone: this request fails, the server goes on
+            log.error("rid %s: dump failed: %s", r.rid, e)
+            r.finish(500, f"dump of rid {r.rid} failed: {e}")
+            return
+        r.finish()
 
     def info(self):
         with self.stats_lock:
@@ -231,21 +310,46 @@ class Engine:
             "dtype": self.args.dtype,
             "max_batch_tokens": self.args.max_batch_tokens,
             "max_batch_requests": self.args.max_batch_requests,
+            "window_requests": self.args.window_requests,
             "ready": self.ready.is_set(),
             "stats": stats,
+            "serving": self.serving.count(),
         }
+
+
+def capture(model, input_ids, attention_mask, layers):
+    """(the inputs of decoder layers `layers`, the final post-norm output), each
+    [B, S, H]. A backend with capture() (the transformers one: forward pre-hooks on
+    those layers only) keeps no other layer's output alive; any other backend's
+    forward returns all of them and these are picked."""
+    if hasattr(model, "capture"):
+        return model.capture(input_ids, attention_mask, layers)
+    hidden_states, final = model.forward(input_ids, attention_mask)
+    if len(hidden_states) != model.num_layers + 1:
+        raise RuntimeError(f"model returned {len(hidden_states)} hidden states, want {model.num_layers + 1}")
+    return [hidden_states[k] for k in layers], final
+
+
+def to_device(tensor, device):
+    """A small CPU tensor on device without waiting for the GPU: a copy from pageable
+    memory first synchronises the stream, which would hold this thread until the last
+    batch's forward is done; from pinned memory it is queued like a kernel."""
+    if device.type != "cuda":
+        return tensor
+    return tensor.pin_memory().to(device, non_blocking=True)
+
+
+def host_bytes(tensor):
+    """The bytes of a CPU bf16 tensor, without a copy (numpy has no bf16: viewed as int16)."""
+    import torch
+
+    return memoryview(tensor.view(torch.int16).numpy()).cast("B")
 
 
 def _out_of_memory():
     import torch
 
     return getattr(torch.cuda, "OutOfMemoryError", MemoryError)
-
-
-def _bytes(tensor):
-    import torch
-
-    return memoryview(tensor.contiguous().view(torch.uint8).numpy())
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -312,7 +416,11 @@ class Handler(BaseHTTPRequestHandler):
         rid, ids, msg = parse_generate(body, e.model)
         if msg:
             return self._error(400, msg)
-        req = e.submit(Request(rid, ids))
+        req, new = e.serving.admit(rid, ids)
+        if req is None:
+            return self._error(409, new)
+        if new:
+            e.submit(req)
         req.done.wait()
         if req.status != 200:
             return self._error(req.status, req.error)
@@ -366,7 +474,11 @@ def parse_args(argv):
     p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward")
     p.add_argument("--max-batch-requests", type=int, default=64)
     p.add_argument("--batch-wait", type=float, default=0.005, help="seconds a batch waits for more requests")
-    p.add_argument("--writers", type=int, default=4)
+    p.add_argument("--window-requests", type=int, default=256,
+                   help="requests sorted by length together before they are cut into batches")
+    p.add_argument("--writers", type=int, default=8, help="threads writing dumps")
+    p.add_argument("--host-buffers", type=int, default=3,
+                   help="pinned host buffers of max-batch-tokens rows: batches copied or written at once")
     return p.parse_args(argv)
 
 

@@ -7,9 +7,11 @@ aux_hidden_state, hidden_state, input_ids. Tensor bytes arrive as bytes-like buf
 only checks their sizes and lays them out.
 """
 
+import errno
 import json
 import os
 import re
+import secrets
 import struct
 
 from . import HOOK_VERSION, PROTOCOL
@@ -27,6 +29,21 @@ MARKER_SUFFIX = ".json"
 
 _BF16_BYTES = 2
 _I64_BYTES = 8
+
+# Every file this package writes is created, never opened: O_EXCL so that a name that
+# already exists (another thread's or process's write in progress, a crashed writer's
+# leftover, a name planted in the world-writable staging dir) is an error rather than a
+# file we truncate and interleave our bytes with; O_NOFOLLOW so that a symlink planted
+# under the name is never followed (with O_EXCL the kernel already refuses it; the flag
+# says so where it is read); O_CLOEXEC so that no server subprocess inherits the fd.
+CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_MODE = 0o644
+
+
+class DumpInProgress(FileExistsError):
+    """<rid>.safetensors.partial already exists: someone else is writing this rid (or
+    left or planted the name). The file is left exactly as it is; the caller joins the
+    other write or answers a conflict, and the orchestrator retries under a new rid."""
 
 
 def format_layers(layers):
@@ -127,20 +144,43 @@ def write_dump(directory, rid, *, aux, hidden, input_ids, tokens, hidden_size, l
     final = dump_path(directory, rid)
     partial = final + PARTIAL_SUFFIX
     try:
-        with open(partial, "wb") as f:
-            f.write(header)
-            for view in buffers:
-                f.write(view)
+        fd = os.open(partial, CREATE_FLAGS, FILE_MODE)
+    except FileExistsError:
+        raise DumpInProgress(errno.EEXIST, f"rid {rid}: a dump is already being written (or was left) under this name", partial) from None
+    try:
+        try:
+            _write_all(fd, [memoryview(header), *buffers])
+        finally:
+            os.close(fd)
         # No fsync: the staging dir is a tmpfs that a reboot empties anyway; the
         # rename is what makes a complete file appear under the name the watcher reads.
         os.rename(partial, final)
     except BaseException:
+        # Only our own partial goes: the name is ours from the O_EXCL create until the
+        # rename, and the sticky staging dir keeps others from replacing it.
         try:
             os.unlink(partial)
         except FileNotFoundError:
             pass
         raise
     return final
+
+
+def create_file(path, chunks):
+    """Creates path (O_EXCL, never following a link) and writes the bytes-like chunks."""
+    fd = os.open(path, CREATE_FLAGS, FILE_MODE)
+    try:
+        _write_all(fd, [_byte_view("chunk", c) for c in chunks])
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd, views):
+    """os.write until every byte is out: one write may be short (a signal, or Linux's
+    2 GiB cap per call). views are byte-format memoryviews."""
+    for view in views:
+        while view.nbytes:
+            view = view[os.write(fd, view) :]
 
 
 def _byte_view(name, buf):
@@ -162,11 +202,19 @@ def write_marker(directory, pid, info):
     version and protocol. The leading dot keeps it clear of the dump rid pattern."""
     content = dict(info, hook_version=HOOK_VERSION, protocol=PROTOCOL, pid=pid)
     final = marker_path(directory, pid)
-    partial = final + PARTIAL_SUFFIX
-    with open(partial, "w") as f:
-        json.dump(content, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.rename(partial, final)
+    # A name of our own for the temp file: a leftover .partial of an earlier process
+    # with this pid, or one planted there, is not ours to truncate or to remove.
+    partial = f"{final}.{secrets.token_hex(8)}{PARTIAL_SUFFIX}"
+    text = json.dumps(content, indent=2, sort_keys=True) + "\n"
+    try:
+        create_file(partial, [text.encode()])
+        os.rename(partial, final)
+    except BaseException:
+        try:
+            os.unlink(partial)
+        except FileNotFoundError:
+            pass
+        raise
     return final
 
 
