@@ -70,7 +70,7 @@ func panels(in Input, ax timeAxis) []panel {
 	}
 	budget := lastNonZero(recs, func(r history.Record) int64 { return r.StagingBudget })
 	staging := panel{id: "staging", title: "Staging (shm) used against its budget", format: bytesLabel, binary: true,
-		lines: []series{{name: "used", class: "series-staging", color: purple, width: 1.5, pts: pick(func(r history.Record) float64 { return float64(r.StagingBytes) })}},
+		lines:  []series{{name: "used", class: "series-staging", color: purple, width: 1.5, pts: pick(func(r history.Record) float64 { return float64(r.StagingBytes) })}},
 		levels: []hline{{v: float64(budget), label: "budget " + bytesLabel(float64(budget)), class: "level-budget", color: red}},
 	}
 	return []panel{progress, rates, inflight, failures, disk, staging}
