@@ -85,7 +85,8 @@ func fold(a, b Record) (Record, bool) {
 }
 
 // sampler decides which of the run's frequent snapshots become records: one per
-// interval, and at once (but at most one a second) when something changed. Pause
+// interval (sooner while the run is young), and at once (but at most one a second)
+// when something changed. Pause
 // reasons seen between two records are carried into the next one.
 type sampler struct {
 	interval time.Duration
@@ -98,6 +99,14 @@ type sampler struct {
 // second.
 const minGap = time.Second
 
+// spacing is the interval between routine records at r: a sixtieth of the run's age,
+// between a second and the interval, so that a short job still draws a line and a
+// long one costs no more than the interval says.
+func (s *sampler) spacing(r Record) time.Duration {
+	age := time.Duration(r.T-r.Run) * time.Millisecond
+	return min(max(age/60, minGap), s.interval)
+}
+
 // offer takes a snapshot and returns the record to write, if one is due.
 func (s *sampler) offer(r Record) (Record, bool) {
 	s.paused = union(s.paused, r.Paused)
@@ -105,7 +114,7 @@ func (s *sampler) offer(r Record) (Record, bool) {
 		gap := time.Duration(r.T-s.last.T) * time.Millisecond
 		withPauses := r
 		withPauses.Paused = s.paused
-		due := gap >= s.interval || (gap >= minGap && changed(s.last, withPauses))
+		due := gap >= s.spacing(r) || (gap >= minGap && changed(s.last, withPauses))
 		if !due {
 			return Record{}, false
 		}

@@ -130,3 +130,30 @@ func TestTheSamplerRecordsEveryIntervalAndAChangeWithinASecond(t *testing.T) {
 		t.Fatalf("records %+v: want the pause's end recorded at 12 s", got)
 	}
 }
+
+func TestAYoungRunIsRecordedEverySecondAndAnOldOneEveryInterval(t *testing.T) {
+	s := sampler{interval: 5 * time.Second}
+	run := at(0)
+	n := 0
+	for d := time.Duration(0); d < 20*time.Second; d += 250 * time.Millisecond {
+		r := rec(at(d), 0)
+		r.Run = run
+		if _, ok := s.offer(r); ok {
+			n++
+		}
+	}
+	if n != 20 {
+		t.Errorf("the first 20 s: %d records, want one a second", n)
+	}
+	n = 0
+	for d := time.Hour; d < time.Hour+time.Minute; d += 250 * time.Millisecond {
+		r := rec(at(d), 0)
+		r.Run = run
+		if _, ok := s.offer(r); ok {
+			n++
+		}
+	}
+	if n != 12 {
+		t.Errorf("a minute an hour in: %d records, want one every 5 s", n)
+	}
+}
