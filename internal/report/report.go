@@ -86,7 +86,7 @@ var (
 func Build(in Input) Scene {
 	var items []Item
 	y := 34.0
-	items = append(items, Text{X: marginL, Y: y, S: in.Title, Size: 20, Fill: ink, Bold: true})
+	items = append(items, Text{X: marginL, Y: y, S: shorten(in.Title, 80), Size: 20, Fill: ink, Bold: true})
 	y += 8
 	for _, l := range factLines(in) {
 		y += lineH
@@ -157,6 +157,15 @@ func legend(y float64) Item {
 	add(Path{Pts: []Point{{x, y}, {x + 16, y}}, Stroke: blue, Width: 2, Dash: 5}, "ETA projection", 140)
 	add(Path{Pts: []Point{{x, y}, {x + 16, y}}, Stroke: red, Width: 1.5, Dash: 4}, "reserve / budget", 150)
 	return g
+}
+
+// shorten keeps the end of a long line (a path's end says the most), marked with "…".
+func shorten(s string, n int) string {
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	return "…" + string(r[len(r)-n+1:])
 }
 
 // bytesLabel is n bytes in binary units.
