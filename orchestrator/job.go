@@ -16,6 +16,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/atomicfile"
+	"github.com/extract-dev/extract/internal/history"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -79,6 +80,7 @@ type job struct {
 	gpus     atomic.Pointer[[]GPUStatus] // written by sampleGPUs
 	metrics  *metrics
 	status   *statusServer
+	history  *history.Writer // nil when the history cannot be written (it is for people, not for the run)
 }
 
 type flight struct {
@@ -154,6 +156,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 		// Every replica's series exists from the start, at 0: a scrape can tell "no
 		// restarts" from "no such replica".
 		j.metrics.restarts.WithLabelValues(rep.metricLabel())
+		j.metrics.serverDone.WithLabelValues(rep.metricLabel())
 		j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
 	}
 	return j, nil
@@ -208,6 +211,8 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
+	j.openHistory()
+	defer j.closeHistory()
 
 	if err := j.measure(); err != nil {
 		// Before any work: the output disk or a staging dir is unusable (a file where a
@@ -387,6 +392,7 @@ func (j *job) loop(ctx context.Context) error {
 			j.retryStores()
 			j.countWatcherFindings()
 			j.publish()
+			j.recordHistory()
 			if time.Since(lastLog) >= 30*time.Second {
 				lastLog = time.Now()
 				j.logProgress()

@@ -179,6 +179,8 @@ func (j *job) onMoved(r moveResult) error {
 		delete(j.inflight, s)
 		j.metrics.moveSeconds.Observe(r.took.Seconds())
 		if f != nil && f.replica >= 0 {
+			j.replicas[f.replica].status.Done++
+			j.metrics.serverDone.WithLabelValues(j.replicas[f.replica].metricLabel()).Inc()
 			if rep := j.replicas[f.replica]; r.moved.HookVersion != rep.status.HookVersion {
 				j.log.Info("server dump hook", "replica", rep.n, "hook_version", r.moved.HookVersion, "protocol", r.moved.Protocol, "layers", r.moved.Layers)
 				rep.status.HookVersion = r.moved.HookVersion

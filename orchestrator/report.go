@@ -55,7 +55,9 @@ func (j *job) measure() error {
 		outputDir: j.cfg.OutputDir, shmDir: j.cfg.ShmDir,
 	}
 	j.metrics.shmBytes.Set(float64(u.Bytes))
+	j.metrics.shmBudget.Set(float64(budget))
 	j.metrics.diskFree.Set(float64(fs.Free))
+	j.metrics.diskReserve.Set(float64(j.cfg.Disk.Reserve))
 	return nil
 }
 

@@ -66,6 +66,8 @@ type ServerStatus struct {
 	GPUs     []int  `json:"gpus,omitempty"` // server.kind sglang
 	Adopted  bool   `json:"adopted"`
 	Restarts int    `json:"restarts"`
+	// Done counts the samples finished through it in this run.
+	Done int `json:"done"`
 	// Inflight and InflightTokens are the samples sent to it whose dump has not arrived.
 	Inflight       int   `json:"inflight"`
 	InflightTokens int64 `json:"inflight_tokens"`
@@ -156,8 +158,11 @@ type metrics struct {
 	serverUp             *prometheus.GaugeVec
 	serverInflight       *prometheus.GaugeVec
 	serverInflightTokens *prometheus.GaugeVec
+	serverDone           *prometheus.CounterVec
 	shmBytes             prometheus.Gauge
+	shmBudget            prometheus.Gauge
 	diskFree             prometheus.Gauge
+	diskReserve          prometheus.Gauge
 }
 
 func newMetrics() *metrics {
@@ -177,8 +182,12 @@ func newMetrics() *metrics {
 		serverInflightTokens: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "extract_server_inflight_tokens", Help: "Tokens of the samples sent to the replica whose dump has not arrived."}, []string{"replica"}),
 		shmBytes:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_staging_bytes", Help: "Bytes in the staging dir."}),
 		diskFree:             prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_free_bytes", Help: "Free bytes on the output disk."}),
+		serverDone:           prometheus.NewCounterVec(prometheus.CounterOpts{Name: "extract_server_samples_done_total", Help: "Samples finished through the replica in this run."}, []string{"replica"}),
+		shmBudget:            prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_staging_budget_bytes", Help: "Bytes the staging dir may hold (shm_budget)."}),
+		diskReserve:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "extract_output_reserve_bytes", Help: "Bytes kept free on the output disk (disk.reserve)."}),
 	}
 	m.reg.MustRegister(m.total, m.done, m.failed, m.inflight, m.bytesWritten, m.rejected, m.paused, m.moveSeconds, m.restarts, m.serverUp, m.serverInflight, m.serverInflightTokens, m.shmBytes, m.diskFree,
+		m.serverDone, m.shmBudget, m.diskReserve,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -189,6 +198,7 @@ type statusServer struct {
 	current Status
 	srv     *http.Server
 	addr    string
+	mux     *http.ServeMux // more read-only routes join it (serveReport)
 }
 
 func startStatusServer(listen string, m *metrics) (*statusServer, error) {
@@ -203,6 +213,7 @@ func startStatusServer(listen string, m *metrics) (*statusServer, error) {
 		json.NewEncoder(w).Encode(s.get())
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	s.mux = mux
 	s.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go s.srv.Serve(ln)
 	return s, nil

@@ -54,6 +54,9 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 				fmt.Fprint(out, "\033[H\033[2J")
 			}
 			printStatus(out, st)
+			if watch > 0 && isTerminalWriter(out) {
+				printSparkline(out, cfg)
+			}
 		}
 		if watch <= 0 {
 			return nil
