@@ -5,14 +5,15 @@ import "fmt"
 // The reasons a conversation is refused after parsing: by the policy keys, by the
 // tokenizer's template, or by the length policy.
 const (
-	ReasoningRefused Reason = "reasoning_refused"   // prepare.reasoning: refuse
-	ToolsRefused     Reason = "tool_calls_refused"  // prepare.tools: refuse
-	TemplateError    Reason = "template_error"      // the chat template raised
-	NotPrefix        Reason = "not_a_token_prefix"  // a turn's render is not a token prefix of the next
-	NoEndOfTurn      Reason = "no_end_of_turn"      // an assistant turn has no end-of-turn token
-	EmptyMask        Reason = "empty_mask"          // the template's generation tags cover nothing
-	TooLong          Reason = "too_long"            // over prepare.max_tokens, prepare.length_policy: skip
-	FewLossTokens    Reason = "too_few_loss_tokens" // under prepare.min_loss_tokens
+	ReasoningRefused Reason = "reasoning_refused"           // prepare.reasoning: refuse
+	ToolsRefused     Reason = "tool_calls_refused"          // prepare.tools: refuse
+	TemplateError    Reason = "template_error"              // the chat template raised
+	NotPrefix        Reason = "not_a_token_prefix"          // a turn's render is not a token prefix of the next
+	NoEndOfTurn      Reason = "no_end_of_turn"              // an assistant turn has no end-of-turn token
+	EmptyMask        Reason = "empty_mask"                  // the template's generation tags cover nothing
+	CrossesBoundary  Reason = "token_crosses_turn_boundary" // a token is half in a generation block
+	TooLong          Reason = "too_long"                    // over prepare.max_tokens, prepare.length_policy: skip
+	FewLossTokens    Reason = "too_few_loss_tokens"         // under prepare.min_loss_tokens
 )
 
 // Span is a run of tokens [Start, End) of one encoded conversation with the same loss
@@ -30,6 +31,12 @@ type Encoding struct {
 	IDs   []int64
 	Mask  []int64
 	Spans []Span
+}
+
+// Result is one conversation encoded, or why it was refused.
+type Result struct {
+	Enc     Encoding
+	Refusal *Refusal
 }
 
 // LossTokens counts the mask's ones.

@@ -137,7 +137,7 @@ type stopAfter struct {
 	cancel context.CancelFunc
 }
 
-func (s *stopAfter) Encode(ctx context.Context, w int, convs []conversation.Conversation) ([]Result, error) {
+func (s *stopAfter) Encode(ctx context.Context, w int, convs []conversation.Conversation) ([]conversation.Result, error) {
 	if s.seen.Add(1) > s.n {
 		s.cancel()
 		return nil, ctx.Err()

@@ -8,18 +8,12 @@ import (
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
-// Result is one conversation encoded, or why it was refused.
-type Result struct {
-	Enc     conversation.Encoding
-	Refusal *conversation.Refusal
-}
-
 // Tokenizer turns conversations into tokens and exact assistant masks. Encode is called
 // from Workers() goroutines at once, goroutine w always passing worker w, so an
 // implementation can give each its own process.
 type Tokenizer interface {
 	Workers() int
-	Encode(ctx context.Context, worker int, convs []conversation.Conversation) ([]Result, error)
+	Encode(ctx context.Context, worker int, convs []conversation.Conversation) ([]conversation.Result, error)
 	// Pieces is each token's text, for --show.
 	Pieces(ctx context.Context, ids []int64) ([]string, error)
 	// Identity is what the prepared data depends on besides the conversations and the
@@ -40,8 +34,8 @@ type Simulator struct {
 func (s Simulator) Workers() int { return max(s.N, 1) }
 
 // Encode encodes by the simulator's contract (simulator.ChatEncode).
-func (s Simulator) Encode(ctx context.Context, _ int, convs []conversation.Conversation) ([]Result, error) {
-	out := make([]Result, len(convs))
+func (s Simulator) Encode(ctx context.Context, _ int, convs []conversation.Conversation) ([]conversation.Result, error) {
+	out := make([]conversation.Result, len(convs))
 	for i, c := range convs {
 		if len(c.Tools) > 0 {
 			// The contract renders messages only: tool definitions would be dropped
