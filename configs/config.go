@@ -36,6 +36,11 @@ type Config struct {
 	Status    Status   `mapstructure:"status"`
 	Log       Log      `mapstructure:"log"`
 	Shard     Shard    `mapstructure:"shard"`
+	// DatasetFormat: auto (from the lines), tokens (input_ids or text), or a conversation
+	// format (sharegpt, openai, ultrachat), which prepare turns into tokens first.
+	DatasetFormat string  `mapstructure:"dataset_format"`
+	Prepare       Prepare `mapstructure:"prepare"`
+	Vocab         Vocab   `mapstructure:"vocab"`
 }
 
 // Server describes the SGLang server (or the simulator standing in for it).
@@ -185,6 +190,10 @@ func Default() Config {
 		Output: Output{Format: "safetensors", Compress: "none"},
 		Status: Status{Listen: "127.0.0.1:0"},
 		Log:    Log{Level: "info"},
+
+		DatasetFormat: "auto",
+		Prepare:       defaultPrepare(),
+		Vocab:         Vocab{DraftSize: 32000},
 	}
 }
 
@@ -262,6 +271,7 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	for key, p := range map[string]*string{
 		"dataset": &c.Dataset, "output_dir": &c.OutputDir, "state_dir": &c.StateDir,
 		"shm_dir": &c.ShmDir, "server.model_path": &c.Server.ModelPath,
+		"prepare.chat_template": &c.Prepare.ChatTemplate, "prepare.tokenizer": &c.Prepare.Tokenizer,
 	} {
 		*p = resolve(*p, base, fromFile(v, key, flags))
 	}

@@ -19,6 +19,7 @@ import (
 // lineResult is one source line done: its record in the dataset, or its refusal.
 type lineResult struct {
 	record    []byte // a dataset line, newline included; nil when refused
+	enc       conversation.Encoding // only when the batch keeps it (Show)
 	refusal   *conversation.Refusal
 	truncated bool
 	tokens    int
@@ -73,6 +74,9 @@ func encode(ctx context.Context, o Options, tok Tokenizer, worker int, b *batch)
 			continue
 		}
 		r.tokens, r.loss = len(enc.IDs), enc.LossTokens()
+		if b.keep {
+			r.enc = enc
+		}
 		r.record = Record(enc, c.ID, c.Line)
 	}
 	if o.Strict {
@@ -290,6 +294,9 @@ func concat(path string, chunks []Chunk, dir string, refused bool) (string, erro
 			if err != nil {
 				return err
 			}
+		}
+		if err := f.Chmod(0o644); err != nil {
+			return err
 		}
 		if err := atomicfile.Sync(f); err != nil {
 			return err

@@ -204,6 +204,7 @@ type batch struct {
 	chunk, seq int // seq: the batch's place within its chunk
 	lines      []conversation.Line
 	results    []lineResult
+	keep       bool // keep each encoding beside its record
 }
 
 // run reads from the end of the last durable chunk, encodes on tok's workers and writes

@@ -78,6 +78,8 @@ type Pool struct {
 	vocab     int
 	tokDigest string
 	tmplHash  string
+	once      sync.Once
+	startErr  error
 }
 
 type proc struct {
@@ -101,31 +103,56 @@ func Install(dir string) (string, error) {
 	return p, atomicfile.WriteFile(p, workerSource, 0o644)
 }
 
-// Start installs the worker and starts cfg.Workers processes; it returns once every
-// one has loaded the tokenizer, or with the first one's error.
-func Start(ctx context.Context, cfg Config) (*Pool, error) {
+// New makes a pool whose processes start at the first call that needs them, so that
+// what needs no Python (the identity, the model's vocab size) costs no interpreter start.
+func New(cfg Config) (*Pool, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	if cfg.Workers < 1 {
-		cfg.Workers = 1
-	}
+	cfg.Workers = max(cfg.Workers, 1)
 	tokDigest, tmplHash, err := Identity(cfg.Tokenizer, cfg.TemplateFile)
 	if err != nil {
 		return nil, err
 	}
+	p := &Pool{cfg: cfg, tokDigest: tokDigest, tmplHash: tmplHash}
+	if v, err := ModelVocabSize(cfg.Tokenizer); err == nil {
+		p.vocab = v
+	}
+	return p, nil
+}
+
+// Start is New, then every process started: it returns once each has loaded the
+// tokenizer, or with the first one's error.
+func Start(ctx context.Context, cfg Config) (*Pool, error) {
+	p, err := New(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start starts the processes once; a failure is kept and returned to every caller.
+func (p *Pool) start(ctx context.Context) error {
+	p.once.Do(func() { p.startErr = p.startAll(ctx) })
+	return p.startErr
+}
+
+func (p *Pool) startAll(ctx context.Context) error {
+	cfg := p.cfg
 	path, err := Install(cfg.WorkDir)
 	if err != nil {
-		return nil, fmt.Errorf("install the prepare worker: %w", err)
+		return fmt.Errorf("install the prepare worker: %w", err)
 	}
 	hello, err := json.Marshal(map[string]any{
 		"tokenizer": cfg.Tokenizer, "chat_template_file": cfg.TemplateFile, "trust_remote_code": cfg.TrustRemoteCode,
 		"mask": cfg.Mask, "end_of_turn": cfg.EndOfTurn, "end_of_turn_tokens": cfg.EndOfTurnTokens, "template_kwargs": cfg.TemplateKwargs,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	p := &Pool{cfg: cfg, tokDigest: tokDigest, tmplHash: tmplHash}
 	type started struct {
 		i     int
 		proc  *proc
@@ -152,16 +179,15 @@ func Start(ctx context.Context, cfg Config) (*Pool, error) {
 		}
 	}
 	if first != nil {
-		p.Close()
-		return nil, first
+		p.stopAll()
+		return first
 	}
-	p.vocab = p.ready.VocabSize
-	if v, err := ModelVocabSize(cfg.Tokenizer); err == nil {
-		p.vocab = v
+	if p.vocab == 0 {
+		p.vocab = p.ready.VocabSize
 	}
 	cfg.Log.Info("prepare: tokenizer workers ready", "workers", cfg.Workers, "mask", p.ready.Method, "fast", p.ready.Fast,
 		"vocab_size", p.vocab, "end_of_turn_ids", p.ready.EndOfTurnIDs, "tokenizer", cfg.Tokenizer)
-	return p, nil
+	return nil
 }
 
 func startProc(ctx context.Context, cfg Config, path string, hello []byte, i int) (*proc, Ready, error) {
@@ -244,9 +270,9 @@ func (pr *proc) failed(ctx context.Context, err error) error {
 }
 
 // Workers is the number of processes.
-func (p *Pool) Workers() int { return len(p.procs) }
+func (p *Pool) Workers() int { return p.cfg.Workers }
 
-// Method is the mask method the workers use (tags or prefix).
+// Method is the mask method the workers use (tags or prefix), once started.
 func (p *Pool) Method() string { return p.ready.Method }
 
 type wireResult struct {
@@ -292,6 +318,9 @@ func (p *Pool) Encode(ctx context.Context, w int, convs []conversation.Conversat
 	if err != nil {
 		return nil, err
 	}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
 	var resp struct {
 		Results []wireResult `json:"results"`
 		Error   string       `json:"error"`
@@ -323,6 +352,9 @@ func (p *Pool) Pieces(ctx context.Context, ids []int64) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := p.start(ctx); err != nil {
+		return nil, err
+	}
 	var resp struct {
 		Pieces []string `json:"pieces"`
 	}
@@ -338,12 +370,18 @@ func (p *Pool) Pieces(ctx context.Context, ids []int64) ([]string, error) {
 // Identity is the digest of the tokenizer's files and the template's.
 func (p *Pool) Identity() (string, string) { return p.tokDigest, p.tmplHash }
 
-// VocabSize is the model config's vocab_size, else the tokenizer's length.
+// VocabSize is the model config's vocab_size, else (once started) the tokenizer's length.
 func (p *Pool) VocabSize() int { return p.vocab }
 
 // Close ends every worker: stdin closed (it exits at EOF), killed if it has not after
-// a moment.
+// a moment. A pool never started starts none.
 func (p *Pool) Close() error {
+	p.once.Do(func() { p.startErr = errors.New("the prepare pool is closed") })
+	p.stopAll()
+	return nil
+}
+
+func (p *Pool) stopAll() {
 	for _, pr := range p.procs {
 		if pr == nil {
 			continue
@@ -356,7 +394,6 @@ func (p *Pool) Close() error {
 			<-pr.done
 		}
 	}
-	return nil
 }
 
 // tailBuffer keeps the end of a worker's stderr for error messages and logs each line.
