@@ -18,7 +18,7 @@ import (
 
 // lineResult is one source line done: its record in the dataset, or its refusal.
 type lineResult struct {
-	record    []byte // a dataset line, newline included; nil when refused
+	record    []byte                // a dataset line, newline included; nil when refused
 	enc       conversation.Encoding // only when the batch keeps it (Show)
 	refusal   *conversation.Refusal
 	truncated bool

@@ -100,4 +100,3 @@ func TargetVocabSize(cfg *configs.Config) (int, error) {
 	}
 	return v, nil
 }
-
