@@ -144,3 +144,21 @@ func digest(lines ...string) string {
 	h := sha256.Sum256([]byte(strings.Join(lines, "\n")))
 	return hex.EncodeToString(h[:])
 }
+
+// Clear removes what prepare wrote in dir, by name, and nothing else: the manifest
+// first (so a kill midway leaves a dir that prepares again), then the assembled files,
+// the chunks and the worker copy.
+func Clear(dir string) error {
+	if _, err := os.Lstat(dir); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	names := []string{filepath.Join(dir, ManifestName), filepath.Join(dir, DatasetName), filepath.Join(dir, RefusedName)}
+	chunks, _ := filepath.Glob(filepath.Join(dir, "chunks", "chunk-[0-9]*.jsonl"))
+	names = append(names, chunks...)
+	for _, n := range names {
+		if err := os.Remove(n); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("clear the prepared data: %w", err)
+		}
+	}
+	return atomicfile.SyncDir(dir)
+}
