@@ -17,7 +17,9 @@ import (
 // errPrepareHeld says another run holds the lock while this one would prepare.
 type errPrepareHeld struct{ pid int }
 
-func (e errPrepareHeld) Error() string { return fmt.Sprintf("another run (pid %d) holds the lock", e.pid) }
+func (e errPrepareHeld) Error() string {
+	return fmt.Sprintf("another run (pid %d) holds the lock", e.pid)
+}
 
 // runDataset is the dataset the run reads: the configured one, or, for a conversation
 // file, its prepared form in state_dir/prepare, made (or resumed) here first, under the
