@@ -193,7 +193,6 @@ func Default() Config {
 
 		DatasetFormat: "auto",
 		Prepare:       defaultPrepare(),
-		Vocab:         Vocab{DraftSize: 32000},
 	}
 }
 

@@ -37,11 +37,15 @@ type Prepare struct {
 	Workers      int      `mapstructure:"workers"`
 	Batch        int      `mapstructure:"batch"`
 	MaxLineBytes ByteSize `mapstructure:"max_line_bytes"`
+	// ChunkLines is the number of source lines per durable chunk: what a kill can lose.
+	ChunkLines int `mapstructure:"chunk_lines"`
 }
 
 // Vocab configures the draft vocabulary written at the end of a job
 // (<output_dir>/vocab_mapping/vocab_mapping.pt).
 type Vocab struct {
+	// DraftSize is the draft vocabulary's size; 0: SpecForge's default 32000, or the
+	// target's whole vocabulary where that is smaller (the simulator's 259).
 	DraftSize int `mapstructure:"draft_size"`
 	// TargetSize is the target's vocabulary (0: from the model's config.json; 259 for
 	// the simulator).
@@ -50,7 +54,15 @@ type Vocab struct {
 
 func defaultPrepare() Prepare {
 	return Prepare{LengthPolicy: "truncate", MinLossTokens: 1, EndOfTurn: "include", Reasoning: "keep", Tools: "keep",
-		Mask: "auto", Batch: 64, MaxLineBytes: 4 << 20}
+		Mask: "auto", Batch: 64, MaxLineBytes: 4 << 20, ChunkLines: 4096}
+}
+
+// EffectiveDraftSize is the draft vocabulary's size for a target of target tokens.
+func (v Vocab) EffectiveDraftSize(target int) int {
+	if v.DraftSize == 0 {
+		return min(32000, target)
+	}
+	return v.DraftSize
 }
 
 // TokenizerPath is the tokenizer folder prepare loads.
@@ -93,11 +105,14 @@ func (c *Config) checkPrepare() []error {
 	if p.Batch < 1 || p.Batch > 65536 {
 		bad("prepare.batch", "must be 1..65536, got %d", p.Batch)
 	}
+	if p.ChunkLines < 1 || p.ChunkLines > 1<<24 {
+		bad("prepare.chunk_lines", "must be 1..2^24, got %d", p.ChunkLines)
+	}
 	if p.MaxLineBytes < 1024 || p.MaxLineBytes > 1<<30 {
 		bad("prepare.max_line_bytes", "must be 1KiB..1GiB, got %d", p.MaxLineBytes)
 	}
-	if c.Vocab.DraftSize < 1 || c.Vocab.DraftSize > 1<<24 {
-		bad("vocab.draft_size", "must be 1..2^24, got %d", c.Vocab.DraftSize)
+	if c.Vocab.DraftSize < 0 || c.Vocab.DraftSize > 1<<24 {
+		bad("vocab.draft_size", "must be 0 (32000, at most the target's) .. 2^24, got %d", c.Vocab.DraftSize)
 	}
 	if c.Vocab.TargetSize < 0 || c.Vocab.TargetSize > 1<<24 {
 		bad("vocab.target_size", "must be 0 (from the model config) .. 2^24, got %d", c.Vocab.TargetSize)

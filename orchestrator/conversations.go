@@ -97,8 +97,8 @@ func checkConversationJob(cfg *configs.Config) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrPreflight, err)
 	}
-	if cfg.Vocab.DraftSize > target {
-		return fmt.Errorf("%w: vocab.draft_size %d is larger than the target's vocabulary of %d tokens; set vocab.draft_size", ErrRefused, cfg.Vocab.DraftSize, target)
+	if d := cfg.Vocab.EffectiveDraftSize(target); d > target {
+		return fmt.Errorf("%w: vocab.draft_size %d is larger than the target's vocabulary of %d tokens; set vocab.draft_size", ErrRefused, d, target)
 	}
 	if cfg.Server.Kind == "simulator" {
 		return nil

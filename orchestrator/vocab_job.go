@@ -50,7 +50,7 @@ func writeVocab(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index) (VocabRe
 	if err != nil {
 		return VocabReport{}, err
 	}
-	rep := VocabReport{DraftSize: cfg.Vocab.DraftSize, TargetSize: target, Path: filepath.Join(cfg.OutputDir, vocab.Dir, vocab.MappingName)}
+	rep := VocabReport{DraftSize: cfg.Vocab.EffectiveDraftSize(target), TargetSize: target, Path: filepath.Join(cfg.OutputDir, vocab.Dir, vocab.MappingName)}
 	prog, err := ix.Load(ds.Len())
 	if err != nil {
 		return rep, err
@@ -85,7 +85,7 @@ func writeVocab(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index) (VocabRe
 			rep.Seen++
 		}
 	}
-	d2t, t2d, err := vocab.Mapping(c, cfg.Vocab.DraftSize, target)
+	d2t, t2d, err := vocab.Mapping(c, rep.DraftSize, target)
 	if err != nil {
 		return rep, err
 	}

@@ -34,6 +34,7 @@ func OptionsFrom(cfg *configs.Config, from, dir string, log *slog.Logger) (Optio
 		Strict:       p.Strict,
 		MaxLineBytes: int(p.MaxLineBytes),
 		Batch:        p.Batch,
+		ChunkLines:   p.ChunkLines,
 		Log:          log,
 	}
 	if cfg.Server.Kind != "simulator" {
