@@ -42,6 +42,11 @@ type Config struct {
 	ShmGroup string `mapstructure:"shm_group"`
 	// DatasetMaxLine bounds one dataset line: a longer one is refused, naming it.
 	DatasetMaxLine ByteSize `mapstructure:"dataset_max_line"`
+	// DatasetFormat: auto (from the lines), tokens (input_ids or text), or a conversation
+	// format (sharegpt, openai, ultrachat), which prepare turns into tokens first.
+	DatasetFormat string  `mapstructure:"dataset_format"`
+	Prepare       Prepare `mapstructure:"prepare"`
+	Vocab         Vocab   `mapstructure:"vocab"`
 }
 
 // Server describes the SGLang server (or the simulator standing in for it).
@@ -204,6 +209,8 @@ func Default() Config {
 		Log:    Log{Level: "info"},
 
 		DatasetMaxLine: 32 << 20,
+		DatasetFormat:  "auto",
+		Prepare:        defaultPrepare(),
 	}
 }
 
@@ -283,6 +290,7 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	for key, p := range map[string]*string{
 		"dataset": &c.Dataset, "output_dir": &c.OutputDir, "state_dir": &c.StateDir,
 		"shm_dir": &c.ShmDir, "server.model_path": &c.Server.ModelPath,
+		"prepare.chat_template": &c.Prepare.ChatTemplate, "prepare.tokenizer": &c.Prepare.Tokenizer,
 	} {
 		*p = resolve(*p, base, fromFile(v, key, flags))
 	}

@@ -214,6 +214,7 @@ func (c *Config) Validate() error {
 	default:
 		bad("log.level", "must be debug, info, warn or error")
 	}
+	errs = append(errs, c.checkPrepare()...)
 	return errors.Join(errs...)
 }
 

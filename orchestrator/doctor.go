@@ -146,6 +146,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		{true, d.checkSGLang},
 		{true, d.checkTransformers},
 		{false, func(context.Context) []Check { return []Check{dataset} }},
+		{false, d.checkTokenizer}, // doctor_prepare.go
 		{false, d.checkDirs},
 		{false, d.checkFiles},
 		{false, d.checkDisk},
@@ -225,6 +226,9 @@ func fmtSize(n int64) string { return configs.ByteSize(n).String() }
 func (d *doctor) loadDataset(ctx context.Context) Check {
 	d.ds = d.opt.Dataset
 	if d.ds == nil {
+		if c, done := d.loadConversations(); done { // doctor_prepare.go
+			return c
+		}
 		ds, err := OpenJobDataset(ctx, d.cfg)
 		if err != nil {
 			fix := "point dataset at the job's JSONL file"

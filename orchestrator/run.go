@@ -81,7 +81,18 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := checkShardPlan(cfg); err != nil {
 		return res, err
 	}
-	ds, err := OpenDatasetCached(ctx, cfg)
+	// A conversation file is prepared first (conversations.go); the run reads the result.
+	dsPath, err := runDataset(ctx, cfg, opt)
+	var prepHeld errPrepareHeld
+	if errors.As(err, &prepHeld) {
+		return Result{Outcome: AlreadyRunning, HolderPID: prepHeld.pid, OutputDir: cfg.OutputDir}, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	dsCfg := *cfg // the prepared file, when the dataset is a conversation file
+	dsCfg.Dataset = dsPath
+	ds, err := OpenDatasetCached(ctx, &dsCfg)
 	if err != nil {
 		return res, err
 	}
@@ -144,6 +155,9 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 		return res, err
 	}
 	res, err = j.run(ctx)
+	if err == nil && dsPath != cfg.Dataset {
+		err = jobVocab(cfg, ds, ix, res.Outcome, opt.Log) // vocab_job.go
+	}
 	res.Elapsed = time.Since(j.started)
 	return res, err
 }

@@ -1,0 +1,129 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator/prepare"
+	"github.com/extract-dev/extract/sglang/tokenizer"
+)
+
+// errPrepareHeld says another run holds the lock while this one would prepare.
+type errPrepareHeld struct{ pid int }
+
+func (e errPrepareHeld) Error() string {
+	return fmt.Sprintf("another run (pid %d) holds the lock", e.pid)
+}
+
+// runDataset is the dataset the run reads: the configured one, or, for a conversation
+// file, its prepared form in state_dir/prepare, made (or resumed) here first, under the
+// run lock and before any GPU time. A prepare dir made from other inputs is refused
+// naming what changed once the index has progress; without progress (or with --fresh)
+// it is prepared again.
+func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (string, error) {
+	conv, err := prepare.IsConversations(cfg)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+	}
+	if !conv {
+		return cfg.Dataset, nil
+	}
+	if err := checkConversationJob(cfg); err != nil {
+		return "", err
+	}
+	if err := makeJobDirs(cfg); err != nil {
+		return "", err
+	}
+	lock, err := AcquireLock(cfg.StateDir, "run")
+	var held *HeldError
+	if errors.As(err, &held) && held.Holder.IsRun() {
+		return "", errPrepareHeld{held.Holder.PID}
+	}
+	if errors.As(err, &held) {
+		return "", fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, held.Holder, held.Path)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer lock.Release()
+	dir := prepare.Dir(cfg)
+	o, err := prepare.OptionsFrom(cfg, cfg.Dataset, dir, opt.Log)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrRefused, err)
+	}
+	tok, err := prepare.NewTokenizer(cfg, filepath.Join(dir, ".worker"), opt.Log)
+	if err != nil {
+		return "", fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
+	}
+	defer tok.Close()
+	if opt.Fresh {
+		if err := prepare.Clear(dir); err != nil {
+			return "", err
+		}
+	}
+	began := time.Now()
+	sum, err := prepare.Run(ctx, o, tok)
+	if errors.Is(err, prepare.ErrChanged) && !indexHasProgress(cfg) {
+		opt.Log.Warn("prepare: the conversations, tokenizer, template or options changed and no sample is done yet: preparing again", "reason", err)
+		if err := prepare.Clear(dir); err != nil {
+			return "", err
+		}
+		sum, err = prepare.Run(ctx, o, tok)
+	}
+	switch {
+	case errors.Is(err, prepare.ErrChanged):
+		return "", fmt.Errorf("%w: %v: resuming would mix samples made by two tokenizations", ErrRefused, err)
+	case errors.Is(err, prepare.ErrBadInput):
+		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+	case err != nil:
+		return "", err
+	}
+	c := sum.Counts
+	opt.Log.Info("prepare: conversations ready", "conversations", cfg.Dataset, "dataset", sum.Dataset, "lines", c.Lines,
+		"accepted", c.Accepted, "refused", c.RefusedTotal(), "refused_by_reason", c.Refused, "truncated", c.Truncated,
+		"tokens", c.Tokens, "loss_tokens", c.Loss, "already_prepared", sum.AlreadyDone, "resumed_chunks", sum.Resumed,
+		"elapsed", time.Since(began).Round(time.Millisecond))
+	return sum.Dataset, nil
+}
+
+// checkConversationJob refuses, before any work, what would fail at the job's end or
+// needs a person: a draft vocabulary larger than the target's (exit 2), a tokenizer
+// folder that cannot serve (exit 3).
+func checkConversationJob(cfg *configs.Config) error {
+	target, err := prepare.TargetVocabSize(cfg)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrPreflight, err)
+	}
+	if d := cfg.Vocab.EffectiveDraftSize(target); d > target {
+		return fmt.Errorf("%w: vocab.draft_size %d is larger than the target's vocabulary of %d tokens; set vocab.draft_size", ErrRefused, d, target)
+	}
+	if cfg.Server.Kind == "simulator" {
+		return nil
+	}
+	if err := tokenizer.Check(cfg.TokenizerPath(), cfg.Prepare.ChatTemplate, cfg.Prepare.TrustRemoteCode); err != nil {
+		return fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
+	}
+	return nil
+}
+
+// indexHasProgress says whether the job's index has samples done or failed; an index
+// that cannot be read counts as progress (refuse rather than redo under it).
+func indexHasProgress(cfg *configs.Config) bool {
+	path := filepath.Join(cfg.StateDir, "index.db")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return false
+	}
+	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: 2 * time.Second})
+	if err != nil {
+		return true
+	}
+	defer ix.Close()
+	c, err := ix.Counters()
+	return err != nil || c.Done+c.Failed > 0
+}

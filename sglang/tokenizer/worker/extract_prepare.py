@@ -1,0 +1,382 @@
+"""extract's prepare worker: conversations to input_ids and an exact assistant loss mask,
+with the target's own tokenizer and chat template.
+
+Shipped inside the extract binary and run by it in server.python, one process per core.
+Protocol (JSON lines): the first line on stdin is the config; the worker answers
+{"ready": true, ...} or {"error": "..."}; then each request line is answered by one line:
+
+  {"op": "encode", "convs": [{"messages": [...], "tools": [...]}]}
+      -> {"results": [{"ids": [...], "mask": [...], "spans": [[start, end, loss, turn, rule]]}
+                      | {"refused": {"reason": "...", "detail": "..."}}]}
+  {"op": "pieces", "ids": [...]}  -> {"pieces": ["...", ...]}
+
+A mask is exact or the conversation is refused with the reason: never an all-ones or an
+all-zeros mask by default. Two methods (config "mask"):
+
+  tags    the template's {% generation %} blocks, rendered once; the mask is what HF's
+          apply_chat_template(..., return_assistant_tokens_mask=True) gives (same char to
+          token rule); needs a fast tokenizer (offsets).
+  prefix  render up to each turn boundary (the prompt with the generation prompt, then the
+          prompt with the assistant turn) and require every render to be a token prefix of
+          the whole conversation's; the assistant turn is the tokens between the two.
+
+Then the end-of-turn convention (config "end_of_turn"): include puts the end-of-turn token
+that closes each assistant turn in the loss, exclude leaves it out; tokens after it (a
+template's newline between turns) are never in the loss.
+
+Only stdout's protocol lines go to the real stdout; everything a library prints goes to
+stderr, which extract keeps in its log.
+"""
+
+import bisect
+import hashlib
+import json
+import os
+import sys
+from datetime import datetime
+
+PROTOCOL = "1"
+
+
+class Refused(Exception):
+    def __init__(self, reason, detail):
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def compile_template(source):
+    """The chat template compiled as transformers compiles it (an immutable sandbox,
+    trim_blocks, lstrip_blocks, loopcontrols, its tojson, raise_exception, strftime_now),
+    plus the {% generation %} tracker: returns a render(**kw) -> (text, spans) function."""
+    import jinja2
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    state = {"blocks": None, "spans": None}
+
+    class GenerationTracker(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_generation"), [], [], body).set_lineno(lineno)
+
+        def _generation(self, caller):
+            rv = caller()
+            if state["blocks"] is not None:
+                start = sum(len(b) for b in state["blocks"])
+                state["spans"].append((start, start + len(rv)))
+            return rv
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTracker, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    template = env.from_string(source)
+
+    def render(**kw):
+        blocks, spans = [], []
+        state["blocks"], state["spans"] = blocks, spans
+        try:
+            for block in template.generate(**kw):
+                blocks.append(block)
+        finally:
+            state["blocks"], state["spans"] = None, None
+        return "".join(blocks), spans
+
+    return render
+
+
+def has_generation_tags(source):
+    import re
+    return re.search(r"\{%-?\s*generation\s*-?%\}", source) is not None
+
+
+class Worker:
+    def __init__(self, cfg):
+        from transformers import AutoTokenizer
+
+        self.cfg = cfg
+        self.tok = AutoTokenizer.from_pretrained(cfg["tokenizer"], local_files_only=True,
+                                                 trust_remote_code=bool(cfg.get("trust_remote_code")))
+        source = None
+        if cfg.get("chat_template_file"):
+            with open(cfg["chat_template_file"], encoding="utf-8") as f:
+                source = f.read()
+        else:
+            source = getattr(self.tok, "chat_template", None)
+            if isinstance(source, dict):  # named templates: the default one
+                source = source.get("default")
+        if not source:
+            raise RuntimeError("the tokenizer has no chat template and prepare.chat_template names no file")
+        self.template_source = source
+        self.render_template = compile_template(source)
+        self.kwargs = dict(self.tok.special_tokens_map) if hasattr(self.tok, "special_tokens_map") else {}
+        self.kwargs.update(cfg.get("template_kwargs") or {})
+        fast = bool(getattr(self.tok, "is_fast", False))
+        tags = has_generation_tags(source)
+        method = cfg.get("mask", "auto")
+        if method == "auto":
+            method = "tags" if tags and fast else "prefix"
+        if method == "tags" and not tags:
+            raise RuntimeError("prepare.mask is tags but the chat template has no {% generation %} block")
+        if method == "tags" and not fast:
+            raise RuntimeError("prepare.mask is tags but the tokenizer is not a fast one (no offsets); use prefix")
+        self.method = method
+        self.include_eot = cfg.get("end_of_turn", "include") == "include"
+        self.eot = self._end_of_turn_ids(cfg.get("end_of_turn_tokens") or [])
+        backend = getattr(self.tok, "backend_tokenizer", None) if fast else None
+        self.backend = backend if backend is not None and hasattr(backend, "encode_batch") else None
+
+    def _end_of_turn_ids(self, names):
+        ids = set()
+        eos = getattr(self.tok, "eos_token_id", None)
+        if isinstance(eos, int):
+            ids.add(eos)
+        gen = os.path.join(self.cfg["tokenizer"], "generation_config.json")
+        if os.path.isfile(gen):
+            with open(gen, encoding="utf-8") as f:
+                v = json.load(f).get("eos_token_id")
+            for x in v if isinstance(v, list) else [v]:
+                if isinstance(x, int):
+                    ids.add(x)
+        unk = getattr(self.tok, "unk_token_id", None)
+        for name in names:
+            i = self.tok.convert_tokens_to_ids(name)
+            if i is None or (i == unk and name != getattr(self.tok, "unk_token", None)):
+                raise RuntimeError(f"prepare.end_of_turn_tokens: {name!r} is not a token of this tokenizer")
+            ids.add(i)
+        if not ids:
+            raise RuntimeError("no end-of-turn token: the tokenizer has no eos_token and prepare.end_of_turn_tokens is empty")
+        return ids
+
+    def ready(self):
+        try:
+            vocab = len(self.tok)
+        except TypeError:
+            vocab = getattr(self.tok, "vocab_size", 0)
+        return {"ready": True, "protocol": PROTOCOL, "method": self.method, "fast": self.backend is not None,
+                "vocab_size": vocab, "end_of_turn_ids": sorted(self.eot),
+                "template_sha256": hashlib.sha256(self.template_source.encode()).hexdigest()}
+
+    # -- rendering and encoding
+
+    def render(self, messages, tools, generation_prompt):
+        try:
+            return self.render_template(messages=messages, tools=tools or None, documents=None,
+                                        add_generation_prompt=generation_prompt, **self.kwargs)
+        except Exception as e:  # a template's raise_exception, or a bug in it
+            raise Refused("template_error", f"the chat template raised {type(e).__name__}: {e}")
+
+    def encode_texts(self, texts, offsets):
+        if self.backend is not None:
+            encs = self.backend.encode_batch(texts, add_special_tokens=False)
+            return [e.ids for e in encs], ([e.offsets for e in encs] if offsets else None)
+        out = self.tok(texts, add_special_tokens=False, return_offsets_mapping=offsets)
+        return out["input_ids"], (out["offset_mapping"] if offsets else None)
+
+    # -- the two methods; each returns (ids, mask, spans) for one conversation
+
+    def encode_batch(self, convs):
+        results = [None] * len(convs)
+        plans = []
+        for i, c in enumerate(convs):
+            try:
+                plans.append((i, self.plan(c)))
+            except Refused as r:
+                results[i] = {"refused": {"reason": r.reason, "detail": r.detail}}
+        texts = [t for _, p in plans for t in p["texts"]]
+        ids, offs = self.encode_texts(texts, self.method == "tags") if texts else ([], None)
+        at = 0
+        for i, p in plans:
+            n = len(p["texts"])
+            try:
+                if self.method == "tags":
+                    results[i] = self.finish_tags(p, ids[at], offs[at])
+                else:
+                    results[i] = self.finish_prefix(p, ids[at:at + n])
+            except Refused as r:
+                results[i] = {"refused": {"reason": r.reason, "detail": r.detail}}
+            at += n
+        return results
+
+    def plan(self, conv):
+        messages = [to_hf(m) for m in conv["messages"]]
+        tools = conv.get("tools")
+        assistants = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+        if self.method == "tags":
+            text, spans = self.render(messages, tools, False)
+            if len(spans) != len(assistants):
+                raise Refused("empty_mask", f"the template's generation blocks cover {len(spans)} spans for {len(assistants)} assistant turns")
+            for k, (a, b) in zip(assistants, spans):
+                self.check_reasoning(messages[k], text[a:b], k)
+            return {"texts": [text], "spans": spans, "assistants": assistants}
+        full, _ = self.render(messages, tools, False)
+        texts, bounds = [full], []
+        for k in assistants:
+            prompt, _ = self.render(messages[:k], tools, True)
+            turn, _ = self.render(messages[:k + 1], tools, False)
+            if not turn.startswith(prompt):
+                raise Refused("not_a_token_prefix", f"turn {k}: the prompt with the generation prompt is not a prefix of the prompt with the assistant turn (the generation prompt differs from how the template renders the turn)")
+            if not full.startswith(turn):
+                raise Refused("not_a_token_prefix", f"turn {k}: the template renders this assistant turn differently once later turns follow (e.g. it drops earlier reasoning)")
+            self.check_reasoning(messages[k], turn[len(prompt):], k)
+            bounds.append(k)
+            texts += [prompt, turn]
+        return {"texts": texts, "assistants": bounds}
+
+    def check_reasoning(self, message, rendered, turn):
+        r = message.get("reasoning_content")
+        if r and r.strip() and r.strip() not in rendered:
+            raise Refused("template_error", f"turn {turn}: the template does not render its reasoning_content (set prepare.reasoning: drop to train without it)")
+
+    def finish_prefix(self, p, encoded):
+        full = encoded[0]
+        mask = [0] * len(full)
+        spans = []
+        prev = 0
+        for j, k in enumerate(p["assistants"]):
+            prompt, turn = encoded[1 + 2 * j], encoded[2 + 2 * j]
+            for name, part in (("the prompt", prompt), ("the assistant turn", turn)):
+                if len(part) > len(full) or full[:len(part)] != part:
+                    raise Refused("not_a_token_prefix", f"turn {k}: {name} does not tokenize to a prefix of the whole conversation's tokens")
+            a, b = len(prompt), len(turn)
+            if a < prev or b <= a:
+                raise Refused("not_a_token_prefix", f"turn {k}: the assistant turn is {b - a} tokens after token {a}")
+            end = self.turn_end(full, a, b, k)
+            add_span(spans, prev, a, False, -1, "prompt")
+            for t in range(a, end):
+                mask[t] = 1
+            body = end - 1 if self.include_eot else end
+            add_span(spans, a, body, True, k, "assistant turn (token prefix)")
+            add_span(spans, body, end, self.include_eot, k, "end of turn (prepare.end_of_turn: include)")
+            if not self.include_eot:
+                add_span(spans, end, end + 1, False, k, "end of turn (prepare.end_of_turn: exclude)")
+                end += 1
+            add_span(spans, end, b, False, k, "after the end of turn")
+            prev = b
+        add_span(spans, prev, len(full), False, -1, "prompt")
+        return {"ids": full, "mask": mask, "spans": spans}
+
+    def turn_end(self, ids, a, b, k):
+        """The end of the turn's loss span: just past (include) or at (exclude) the last
+        end-of-turn token within [a, b)."""
+        for t in range(b - 1, a - 1, -1):
+            if ids[t] in self.eot:
+                return t + 1 if self.include_eot else t
+        raise Refused("no_end_of_turn", f"turn {k}: no end-of-turn token ({sorted(self.eot)}) closes the assistant turn; name it in prepare.end_of_turn_tokens")
+
+    def finish_tags(self, p, ids, offsets):
+        """The tokens of each generation block: those whose characters lie in it. That is
+        HF's char_to_token rule (the token holding the block's first character through the
+        one holding its last) except where a character is split across tokens (bytes of a
+        rare character): HF keeps only the first of them at the block's end, this keeps
+        all. A token that holds characters both inside and outside a block cannot be
+        masked exactly: the conversation is refused."""
+        mask = [0] * len(ids)
+        starts = [s for s, _ in offsets]
+        ends = [e for _, e in offsets]
+        if any(starts[i] > starts[i + 1] or ends[i] > ends[i + 1] for i in range(len(ids) - 1)):
+            raise Refused("template_error", "the tokenizer's offsets are not in order; use prepare.mask: prefix")
+
+        def tokens_of(a, b):
+            first = bisect.bisect_right(ends, a)  # the first token ending after a
+            last = bisect.bisect_left(starts, b) - 1  # the last token starting before b
+            return first, last
+
+        runs = []
+        for k, (a, b) in zip(p["assistants"], p["spans"]):
+            if b <= a:
+                raise Refused("empty_mask", f"turn {k}: the generation block renders nothing")
+            start, end = tokens_of(a, b)
+            if start > end:
+                raise Refused("empty_mask", f"turn {k}: the generation block's characters {a}-{b} map to no token")
+            if starts[start] < a or ends[end] > b:
+                raise Refused("token_crosses_turn_boundary", f"turn {k}: a token holds characters both inside and outside the generation block ({a}-{b})")
+            for t in range(start, end + 1):
+                mask[t] = 1
+            runs.append((k, start, end + 1))
+        spans = []
+        prev = 0
+        for k, a, b in runs:
+            rule = "generation tags"
+            add_span(spans, prev, a, False, -1, "outside the generation tags")
+            if self.include_eot and b < len(ids) and ids[b] in self.eot and ids[b - 1] not in self.eot:
+                add_span(spans, a, b, True, k, rule)
+                mask[b] = 1
+                add_span(spans, b, b + 1, True, k, "end of turn after the generation tags (prepare.end_of_turn: include)")
+                b += 1
+            elif not self.include_eot and ids[b - 1] in self.eot:
+                mask[b - 1] = 0
+                add_span(spans, a, b - 1, True, k, rule)
+                add_span(spans, b - 1, b, False, k, "end of turn (prepare.end_of_turn: exclude)")
+            else:
+                add_span(spans, a, b, True, k, rule)
+            prev = max(prev, b)
+        add_span(spans, prev, len(ids), False, -1, "outside the generation tags")
+        if not any(mask):
+            raise Refused("empty_mask", "the generation tags cover no token")
+        return {"ids": ids, "mask": mask, "spans": spans}
+
+    def pieces(self, ids):
+        return [self.tok.decode([i]) for i in ids]
+
+
+def add_span(spans, a, b, loss, turn, rule):
+    if b > a:
+        spans.append([a, b, bool(loss), turn, rule])
+
+
+def to_hf(m):
+    out = {"role": m["role"], "content": m.get("content", "")}
+    if m.get("reasoning_content"):
+        out["reasoning_content"] = m["reasoning_content"]
+    if m.get("tool_calls"):
+        out["tool_calls"] = m["tool_calls"]
+    for k in ("tool_call_id", "name"):
+        if m.get(k):
+            out[k] = m[k]
+    return out
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # libraries that print reach stderr, never the protocol
+    sys.stdout = sys.stderr
+
+    def reply(obj):
+        proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        proto.flush()
+
+    line = sys.stdin.readline()
+    try:
+        worker = Worker(json.loads(line))
+    except Exception as e:
+        reply({"error": f"{type(e).__name__}: {e}"})
+        return 1
+    reply(worker.ready())
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req["op"] == "encode":
+            reply({"results": worker.encode_batch(req["convs"])})
+        elif req["op"] == "pieces":
+            reply({"pieces": worker.pieces(req["ids"])})
+        else:
+            reply({"error": f"unknown op {req['op']!r}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
