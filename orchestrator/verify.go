@@ -306,7 +306,8 @@ func ownedFiles(files []string, opt checkpoint.VerifyOptions) []string {
 }
 
 // jobFiles counts the output files of cfg's layout under its output dir whose names
-// say a sample of span: what a lost index leaves behind. Names only; nothing is opened.
+// say a sample of span: what a lost index leaves behind. Names and types only; nothing
+// is opened (a directory at an output path is a blocked sample, not a lost file).
 func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 	l := outputLayout(cfg)
 	dirs, err := l.DataDirs()
@@ -320,7 +321,7 @@ func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 			return 0, fmt.Errorf("list output files in %s: %w", dir, err)
 		}
 		for _, e := range entries {
-			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) {
+			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) && e.Type().IsRegular() {
 				n++
 			}
 		}
