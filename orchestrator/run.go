@@ -60,6 +60,10 @@ type Result struct {
 	Bytes     int64
 	OutputDir string
 	Elapsed   time.Duration
+	// Rejected counts the dumps this run did not accept, by reason (as status's
+	// rejected); the malformed ones are kept in QuarantineDir when room allows.
+	Rejected      map[string]int64
+	QuarantineDir string
 }
 
 // Run runs the job to completion or until ctx is cancelled (a graceful stop).

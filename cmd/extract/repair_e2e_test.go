@@ -224,3 +224,28 @@ func TestAReplicaStagingDirThatIsAFileRefusesTheRunWithExitThree(t *testing.T) {
 		t.Fatalf("run with a file at replica 1's staging dir: exit %d, want 3 naming it\n%s", r.code, r.stderr)
 	}
 }
+
+// The end of a run sums up the dumps it rejected and where the malformed ones are kept,
+// and `status --json` afterwards says the same counts as the run's last snapshot.
+func TestARunEndsWithItsRejectedDumpsAndStatusKeepsTheirCounts(t *testing.T) {
+	j := newJob(t, 30, 0)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_CORRUPT_EVERY=7")
+	r := j.mustRun("run")
+	m := regexp.MustCompile(`(\d+) dumps rejected this run \(malformed (\d+)\); the malformed ones are kept in (\S+) for inspection`).FindStringSubmatch(r.stdout)
+	if m == nil {
+		t.Fatalf("the run's summary does not mention the rejected dumps:\n%s", r.stdout)
+	}
+	if m[3] != filepath.Join(j.state, "quarantine") {
+		t.Errorf("the summary names %s as the quarantine", m[3])
+	}
+	malformed, _ := strconv.Atoi(m[2])
+	if malformed < 4 {
+		t.Errorf("%d malformed dumps for every 7th of 30+", malformed)
+	}
+	st := j.status()
+	rej, _ := st["rejected"].(map[string]any)
+	if num(rej["malformed"]) != malformed {
+		t.Fatalf("status after the run: rejected %v, want malformed %d as the run counted", st["rejected"], malformed)
+	}
+	j.requireExact()
+}
