@@ -17,6 +17,9 @@
 //	│  ├──dataset_fingerprint : string; the caller refuses --resume against another dataset
 //	│  ├──dataset_path : string, for messages only
 //	│  ├──config_fingerprint : string; outputs carry it too, and Verify compares them
+//	│  ├──config_fields : the settings config_fingerprint hashes, "name=value" a line,
+//	│  │                  so a mismatch names what changed; optional, absent in an index
+//	│  │                  from before it (a resume under the same config adds it)
 //	│  ├──total : 8-byte big-endian; samples in the dataset
 //	│  ├──created : RFC 3339 time; its presence marks an initialised job
 //	│  ├──attempt_base : 8-byte big-endian; the highest attempt any sample reached
