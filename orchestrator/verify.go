@@ -319,7 +319,7 @@ func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 			return 0, fmt.Errorf("list output files in %s: %w", dir, err)
 		}
 		for _, e := range entries {
-			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) {
+			if s, ok := l.SampleOf(e.Name()); ok && e.Type().IsRegular() && span.owns(s) {
 				n++
 			}
 		}

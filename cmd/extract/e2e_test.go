@@ -330,6 +330,12 @@ func (j *job) requestLines() [][]string {
 func (j *job) status() map[string]any {
 	j.t.Helper()
 	r := j.run("status", "--json")
+	// A run that is starting (reading its dataset) holds no lock and has no index yet:
+	// status says there is none (exit 2) until it has.
+	for deadline := time.Now().Add(20 * time.Second); r.code == 2 && strings.Contains(r.stderr, "no index at") && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		r = j.run("status", "--json")
+	}
 	if r.code != 0 {
 		j.t.Fatalf("status exit %d: %s", r.code, r.stderr)
 	}

@@ -245,8 +245,9 @@ func TestRepairAdoptsNeitherARelabelledFileNorAnOverflowingShapeAndDeepVerifyCat
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := j.run("verify"); r.code != 0 {
-		t.Fatalf("quick verify should pass the self-consistent impostor (it reads headers only): exit %d %q", r.code, r.stdout)
+	// Even the quick verify, which reads headers only, sees that its rid is sample 60's.
+	if r := j.run("verify"); r.code != 1 || !strings.Contains(r.stdout, `sample 51: data_51.safetensors: rid "s000000060-a1" is not an attempt of sample 51`) {
+		t.Fatalf("quick verify of the impostor: exit %d %q; want 1 naming its rid", r.code, r.stdout)
 	}
 	r = j.run("verify", "--deep")
 	if r.code != 1 || !strings.Contains(r.stdout, "sample 51") || !strings.Contains(r.stdout, "the dataset") {
