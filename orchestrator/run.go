@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	j, err := newJob(cfg, opt, ds, ix, lock, started)
 	if err != nil {
-		return res, err
+		return res, damagedIndex(err) // newJob loads every record
 	}
 	res, err = j.run(ctx)
 	res.Elapsed = time.Since(j.started)
