@@ -282,9 +282,13 @@ func TestFreshRunAfterChangingLayersRewritesEveryFileAndVerifyUnderTheOldLayersR
 	if r.code != 1 || !strings.Contains(r.stdout, "0 ok") || !strings.Contains(r.stdout, "40 corrupt") || !strings.Contains(r.stdout, `layers "3,31,59", the job captures "2,30,58"`) {
 		t.Errorf("verify under the old layers: exit %d, stdout %q; want every file rejected for its layers", r.code, r.stdout)
 	}
-	// Repair under the wrong config would throw every good file away: refused.
-	if r := j.run("verify", "--repair"); r.code != 2 || !strings.Contains(r.stderr, "captured layers") {
-		t.Errorf("verify --repair under the old layers: exit %d, stderr %q; want 2, refused", r.code, r.stderr)
+	// Repair under the wrong config would throw every good file away: refused, naming
+	// the setting that changed.
+	if r := j.run("verify", "--repair"); r.code != 2 || !strings.Contains(r.stderr, "server.layers was [3 31 59], now [2 30 58]") {
+		t.Errorf("verify --repair under the old layers: exit %d, stderr %q; want 2, refused naming server.layers", r.code, r.stderr)
+	}
+	if r := j.run("run", "--resume"); r.code != 2 || !strings.Contains(r.stderr, "server.layers was [3 31 59], now [2 30 58]") {
+		t.Errorf("run --resume under the old layers: exit %d, stderr %q; want 2, refused naming server.layers", r.code, r.stderr)
 	}
 	if n, _ := filepath.Glob(filepath.Join(j.out, "rows_*", "data_*.safetensors")); len(n) != 40 {
 		t.Errorf("%d output files left, want 40", len(n))
