@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -192,19 +193,31 @@ func TestARebuildThatFillsTheStateDiskRepairsNothing(t *testing.T) {
 	}
 }
 
-// fillDisk writes a filler file into dir until only about left bytes are free.
+// fillDisk writes dir/filler until only about left bytes are free (or the disk is
+// full: others may be writing to it at the same time).
 func fillDisk(t *testing.T, dir string, left int64) {
 	t.Helper()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	free := int64(st.Bavail) * st.Bsize
-	if free <= left {
-		return
-	}
-	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, free-left), 0o600); err != nil {
-		t.Fatal(err)
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		free := int64(st.Bavail) * st.Bsize
+		if free <= left {
+			return
+		}
+		if _, err := f.Write(buf[:min(int64(len(buf)), free-left)]); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return
+			}
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -246,6 +259,36 @@ func TestARunEndsWithItsRejectedDumpsAndStatusKeepsTheirCounts(t *testing.T) {
 	rej, _ := st["rejected"].(map[string]any)
 	if num(rej["malformed"]) != malformed {
 		t.Fatalf("status after the run: rejected %v, want malformed %d as the run counted", st["rejected"], malformed)
+	}
+	j.requireExact()
+}
+
+// A staging filesystem that others fill below the staging budget pauses admission with
+// the reason "staging full" (status, not an empty pause list while nothing moves), and
+// the run resumes by itself once room returns.
+func TestAStagingDiskFilledByOthersShowsAsStagingFullAndTheRunResumes(t *testing.T) {
+	j := newJob(t, 150, 3000)
+	mnt := filepath.Join(t.TempDir(), "shm")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
+		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	j.shmDir = filepath.Join(mnt, "staging")
+	j.env = append(j.env, "EXTRACT_SHM_DIR="+j.shmDir, "EXTRACT_SHM_BUDGET=16MiB")
+	_, wait := j.start("run")
+	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 5 })
+	filler := filepath.Join(mnt, "filler")
+	fillDisk(t, mnt, 4<<10)
+	st := j.waitStatus("admission paused by a full staging disk", func(st map[string]any) bool { return paused(st, "staging full") })
+	t.Logf("paused at %v of %v samples: %v", st["done"], st["total"], st["paused"])
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("run exit %d after room returned\n%s", code, stderr)
 	}
 	j.requireExact()
 }
