@@ -346,11 +346,11 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 // its rid must name its sample, its protocol be the one this build reads, its model the
 // job's, and its hook_version a version. The hook's version is not compared with one
 // value: a server adopted across an upgrade of extract legitimately ran an older hook
-// of the same protocol. A file import rewrote from another tool's has no hook and no rid
-// (no request of ours made it).
+// of the same protocol. A file import rewrote from another tool's has no rid or hook
+// (its record's empty rid is compared all the same).
 func provenanceDiffers(info OutputInfo, s int, imported bool, opt VerifyOptions) string {
 	switch {
-	case !(imported && info.RID == "") && !ridNames(info.RID, s):
+	case !imported && !ridNames(info.RID, s):
 		return fmt.Sprintf("rid %q is not an attempt of sample %d", info.RID, s)
 	case info.Protocol != protocolVersion:
 		return fmt.Sprintf("protocol %q, this build writes %q", info.Protocol, protocolVersion)

@@ -79,7 +79,10 @@ func (a *admission) empty() bool { return len(a.queue) == 0 && len(a.retries) ==
 type budgets struct {
 	diskFree, diskReserve int64
 	shmUsed, shmBudget    int64
-	outputDir, shmDir     string
+	// shmFree is what the staging filesystem has left: others (another job, a server's
+	// own files) may fill it below the budget.
+	shmFree           int64
+	outputDir, shmDir string
 }
 
 // blocked says why a sample of want bytes cannot be admitted now, with reserved bytes
@@ -88,6 +91,10 @@ type budgets struct {
 func (b budgets) blocked(reserved, want int64, alone bool) string {
 	if b.diskFree-reserved-want < b.diskReserve {
 		return fmt.Sprintf("output disk reserve: %s free on %s, %s kept in reserve, %s in flight", configs.ByteSize(b.diskFree), b.outputDir, configs.ByteSize(b.diskReserve), configs.ByteSize(reserved+want))
+	}
+	if b.shmFree-reserved-want < 0 {
+		// Not even alone: the hook's write of the dump would fail.
+		return fmt.Sprintf("staging full: %s free on %s, %s in flight", configs.ByteSize(max(b.shmFree, 0)), b.shmDir, configs.ByteSize(reserved+want))
 	}
 	if !alone && b.shmUsed+reserved+want > b.shmBudget {
 		return fmt.Sprintf("staging budget: %s in %s + %s in flight, budget %s", configs.ByteSize(b.shmUsed), b.shmDir, configs.ByteSize(reserved), configs.ByteSize(b.shmBudget))

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -280,6 +281,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	c := j.ledger.c
 	res.Done, res.Failed, res.Bytes = c.Done, c.Failed, c.BytesWritten
+	res.Rejected, res.QuarantineDir = maps.Clone(j.rejected), j.quarantine.dir
 	switch {
 	case errors.Is(loopErr, errStateLost):
 		// Nobody could stop the servers after us: their records may be gone with the dir.

@@ -27,7 +27,7 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 }
 
 // pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
-var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready", "output disk behind"}
+var pauseReasons = []string{"output disk reserve", "staging full", "staging budget", "cannot store dumps", "no server ready", "output disk behind"}
 
 // backlogPerWindow bounds the dumps waiting to be moved at this many request windows.
 // Staging absorbs the disk's hiccups; a backlog beyond that means the disk is the limit,

@@ -197,8 +197,7 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 		res.Mismatch = fmt.Sprintf("dataset %s (%d samples, sha256 %.12s…) is not the one index %s was made from (%s, %d samples, sha256 %.12s…)",
 			ds.Path, ds.Len(), ds.Fingerprint, path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint)
 	case meta.ConfigFingerprint != cfg.Fingerprint():
-		res.Mismatch = fmt.Sprintf("the model, hidden size or captured layers (%s) are not the ones index %s was made with (config fingerprint %s, now %s)",
-			cfg.LayersString(), path, meta.ConfigFingerprint, cfg.Fingerprint())
+		res.Mismatch = fmt.Sprintf("index %s: %s", path, configChange(meta, cfg))
 	default:
 		opt.Expect = datasetSource{ds}
 	}
@@ -246,7 +245,7 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	}()
 	err = ix.Init(checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(),
-		Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
+		ConfigFields: strings.Join(cfg.FingerprintFields(), "\n"), Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
 		OutputFormat: outputLayout(cfg).Name(), ShardIndex: cfg.Shard.Index, ShardCount: cfg.Shard.Count,
 	})
 	if err != nil {
@@ -321,7 +320,7 @@ func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 			return 0, fmt.Errorf("list output files in %s: %w", dir, err)
 		}
 		for _, e := range entries {
-			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) && e.Type().IsRegular() {
+			if s, ok := l.SampleOf(e.Name()); ok && e.Type().IsRegular() && span.owns(s) {
 				n++
 			}
 		}
