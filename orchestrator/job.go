@@ -209,6 +209,17 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
 
+	// Only staging dirs no other user can write are trusted with dumps (invariant 8);
+	// made before anything else would create them.
+	owner, err := stagingOwner(j.cfg)
+	if err != nil {
+		return res, err
+	}
+	for _, dir := range j.cfg.StagingDirs() {
+		if err := shm.PrepareDir(dir, owner); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrPreflight, err)
+		}
+	}
 	if err := j.measure(); err != nil {
 		return res, err
 	}
@@ -217,9 +228,6 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	// staging dir, so leftovers of a run with another number of replicas are adopted too.
 	var leftovers []shm.Dump
 	for _, dir := range j.cfg.StagingDirs() {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return res, fmt.Errorf("create staging dir %s: %w", dir, err)
-		}
 		w, err := shm.NewWatcher(dir, j.log)
 		if err != nil {
 			return res, err

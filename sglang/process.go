@@ -240,7 +240,9 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 		return nil, fmt.Errorf("server log dir: %w", err)
 	}
 	// The hook refuses to arm without its directory; a fresh tmpfs after a reboot has none.
-	if err := os.MkdirAll(m.Spec.ShmDir, 0o755); err != nil {
+	// The run made it (shm.PrepareDir, with shm_group's mode); if it is gone, only we may
+	// write the new one.
+	if err := os.MkdirAll(m.Spec.ShmDir, 0o700); err != nil {
 		return nil, fmt.Errorf("server shm dir: %w", err)
 	}
 	if m.Spec.HookDir != "" {

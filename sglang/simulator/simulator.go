@@ -169,7 +169,7 @@ func Listen(cfg Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.ShmDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.ShmDir, 0o700); err != nil {
 		return nil, fmt.Errorf("simulator shm dir %s: %w", cfg.ShmDir, err)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
