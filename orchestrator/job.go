@@ -92,6 +92,7 @@ type flight struct {
 	responded bool      // its request is over
 	moving    bool
 	abandon   context.CancelFunc // ends its request; nil for an adopted leftover
+	alone     bool               // sent alone to its replica (the poison rule)
 }
 
 // errStateLost means the state dir (or the staging dir) was deleted or replaced under
@@ -180,6 +181,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
 			DecodeDelay:     s.Simulator.DecodeDelay,
 			RequestLog:      s.Simulator.RequestLog,
+			CrashOnSamples:  s.Simulator.CrashOnSamples,
 		},
 		Transformers: transformersSpec(cfg),
 	}
@@ -299,7 +301,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, nil
 	}
 	if c.Failed > 0 {
-		return res, fmt.Errorf("%d samples failed after %d attempts each (see the log for why); `extract run --resume` retries them", c.Failed, j.cfg.Run.MaxAttempts)
+		return res, fmt.Errorf("%d samples failed, after %d attempts each or by killing the server while sent alone (see the log for why); `extract run --resume` retries them", c.Failed, j.cfg.Run.MaxAttempts)
 	}
 	res.Outcome = Finished
 	return res, nil
