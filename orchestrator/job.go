@@ -200,7 +200,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	status, err := startStatusServer(j.cfg.Status.Listen, j.metrics)
 	if err != nil {
-		return res, fmt.Errorf("%w: %v", ErrRefused, err)
+		return res, fmt.Errorf("%w: %v (doctor's check \"status port\" names who holds it)", ErrPreflight, err)
 	}
 	j.status = status
 	defer status.close()
