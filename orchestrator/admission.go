@@ -16,6 +16,10 @@ type admission struct {
 	retries  []retry     // samples to send again, by due time
 	failures map[int]int // failed attempts per sample in this run
 	paused   []string    // why the last round stopped short, for status
+	// deaths counts the server deaths (and hangs) each sample was in flight at, in this
+	// run; alone holds the samples sent alone since (the poison rule: died).
+	deaths map[int]int
+	alone  map[int]bool
 }
 
 type retry struct {
@@ -70,6 +74,24 @@ func (a *admission) fail(sample, maxAttempts int, now time.Time) (final bool, at
 	}
 	a.retryAt(sample, now.Add(time.Second<<min(n-1, 5)))
 	return false, n
+}
+
+// died counts a server death or hang with sample in flight: not the sample's fault as a
+// rule (a death requeues without spending an attempt), but a prompt that kills the server
+// would otherwise be retried forever. After isolateAfter deaths the sample is sent alone;
+// the next death with it alone is its failure, which died reports.
+func (a *admission) died(sample, isolateAfter int, wasAlone bool) (fail bool) {
+	if wasAlone {
+		return true
+	}
+	if a.deaths == nil {
+		a.deaths, a.alone = map[int]int{}, map[int]bool{}
+	}
+	a.deaths[sample]++
+	if a.deaths[sample] >= isolateAfter {
+		a.alone[sample] = true
+	}
+	return false
 }
 
 // empty says nothing is left to send.

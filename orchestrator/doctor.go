@@ -140,6 +140,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	}{
 		{true, d.checkGPUs},
 		{true, d.checkPort},
+		{true, d.checkStatusPort}, // doctor_ports.go
 		{true, d.checkReplicas}, // doctor_replicas.go: each replica's GPUs and port
 		{true, d.checkModel},
 		{true, d.checkHook},
@@ -426,11 +427,31 @@ func (d *doctor) checkDisk(context.Context) []Check {
 	return []Check{failCheck(name, fix+", or set disk.when_short: warn to start anyway and pause at the reserve, "+fmtSize(short)+" short", "%s", msg)}
 }
 
-// checkStaging checks the staging dir: a tmpfs, room for its budget and for the largest
-// remaining dump, and what a crashed run left there.
+// stagingOwner is who may write the staging dirs: us, and the members of shm_group.
+func stagingOwner(cfg *configs.Config) (shm.Owner, error) {
+	gid, err := shm.LookupGroup(cfg.ShmGroup)
+	if err != nil {
+		return shm.Owner{}, fmt.Errorf("%w: %w", configs.ErrInvalid, err)
+	}
+	return shm.Owner{UID: os.Geteuid(), Group: gid}, nil
+}
+
+// checkStaging checks the staging dir: only we (and shm_group) may write it and every
+// replica's subdir, a tmpfs, room for its budget and for the largest remaining dump, and
+// what a crashed run left there.
 func (d *doctor) checkStaging(context.Context) []Check {
 	const name = "staging"
 	dir := d.cfg.ShmDir
+	owner, err := stagingOwner(d.cfg)
+	if err != nil {
+		return []Check{failCheck(name, "set shm_group to a group that exists here (getent group), or unset it", "%v", err)}
+	}
+	for _, sd := range d.cfg.StagingDirs() {
+		var unsafe *shm.UnsafeDirError
+		if err := shm.CheckDir(sd, owner); errors.As(err, &unsafe) {
+			return []Check{failCheck(name, unsafe.Fix, "%s: a dump planted or rewritten there would be adopted as a sample's output", unsafe.Problem)}
+		}
+	}
 	existing, err := existingAncestor(dir)
 	if err != nil {
 		return []Check{failCheck(name, "set shm_dir to a folder on /dev/shm", "shm_dir %s: %v", dir, err)}

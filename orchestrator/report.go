@@ -72,7 +72,7 @@ func measureStaging(cfg *configs.Config) (shm.Usage, error) {
 			if !os.IsNotExist(errors.Unwrap(err)) {
 				return total, err
 			}
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := os.MkdirAll(dir, 0o700); err != nil { // gone since shm.PrepareDir: ours alone
 				return total, fmt.Errorf("create staging dir %s: %w", dir, err)
 			}
 			// Measured once made: shm_dir's free space is what admission checks.

@@ -63,6 +63,7 @@ type SimulatorSpec struct {
 	LateDumpDelay   time.Duration
 	DecodeDelay     time.Duration
 	RequestLog      string
+	CrashOnSamples  []int
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -212,6 +213,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
 			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
+			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
 		} {
 			if f.set {
 				argv = append(argv, f.name, f.val)
