@@ -115,6 +115,8 @@ type VerifyReport struct {
 	Repaired int
 	// Problems describes each finding, one line each, capped at maxProblems.
 	Problems []string
+	// Unlisted counts the findings past the cap, so a listing can say "and N more".
+	Unlisted int
 }
 
 const maxProblems = 100
@@ -122,6 +124,8 @@ const maxProblems = 100
 func (r *VerifyReport) problem(format string, args ...any) {
 	if len(r.Problems) < maxProblems {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	} else {
+		r.Unlisted++
 	}
 }
 
