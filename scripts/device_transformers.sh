@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # server.kind transformers on a real GPU with real (randomly initialised) models, end to
 # end through the extract binary. Needs: an NVIDIA GPU, python3 with torch, transformers
-# and safetensors, and a prebuilt extract (EXTRACT_BIN, default .devbin/extract; build it
+# and safetensors, and a prebuilt extract (DEVRUN_BIN, default .devbin/extract; build it
 # with `go build -o .devbin/extract ./cmd/extract` where Go is). No network.
 #
 #   (a) a 4-layer Llama (hidden 256, fixed seed): one request a forward, every output bit
@@ -13,8 +13,13 @@
 #       server's pid on the GPU as ours, a resume, and every output checked.
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
+case "${1:-}" in
+-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+"") ;;
+*) echo "device_transformers.sh: takes no arguments, got $1 (see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
-BIN=$(realpath "${EXTRACT_BIN:-.devbin/extract}")
+BIN=$(realpath "${DEVRUN_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_transformers.py)
 W=${DEVRUN_DIR:-$PWD/.devrun}
 SHM=/dev/shm/extract-devrun
