@@ -130,6 +130,8 @@ type VerifyReport struct {
 	Unrepaired int
 	// Problems describes each finding, one line each, capped at maxProblems.
 	Problems []string
+	// Unlisted counts the findings past the cap, so a listing can say "and N more".
+	Unlisted int
 }
 
 const maxProblems = 100
@@ -137,6 +139,8 @@ const maxProblems = 100
 func (r *VerifyReport) problem(format string, args ...any) {
 	if len(r.Problems) < maxProblems {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	} else {
+		r.Unlisted++
 	}
 }
 

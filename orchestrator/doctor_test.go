@@ -20,6 +20,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/sglang/sglangtest"
 )
@@ -264,8 +265,9 @@ func mountSmallDisk(t *testing.T, size string) string {
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	testsupport.Require(t, testsupport.Root)
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	return mnt

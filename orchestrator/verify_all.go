@@ -39,6 +39,7 @@ type VerifyAllReport struct {
 	Mismatched int              `json:"mismatched"`
 	PerShard   []VerifyShardRow `json:"per_shard"`
 	Problems   []string         `json:"problems"`
+	Unlisted   int              `json:"unlisted"` // problems past the cap of the list
 }
 
 // VerifyShardRow is one shard's part of the report.
@@ -60,6 +61,8 @@ func (r VerifyAllReport) OK() bool {
 func (r *VerifyAllReport) problem(format string, args ...any) {
 	if len(r.Problems) < maxAllProblems {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	} else {
+		r.Unlisted++
 	}
 }
 

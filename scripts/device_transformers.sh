@@ -22,6 +22,11 @@
 #   targets (whole job >= 0.9 x min(forward, disk); on the tmpfs >= 0.9 x forward).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
+case "${1:-}" in
+-h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+"") ;;
+*) echo "device_transformers.sh: takes no arguments, got $1 (see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
 BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")

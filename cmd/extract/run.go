@@ -16,11 +16,12 @@ func newRunCmd() *cobra.Command {
 	var cf configFlags
 	var opt orchestrator.RunOptions
 	cmd := &cobra.Command{
-		Use:   "run [--config F] [--resume | --fresh]",
+		Use:   "run [--config F] [--resume | --fresh] [--shard i/n|auto]",
 		Short: "Run the extraction job (or continue it with --resume)",
-		Long: `Run the extraction job. Exit codes: 0 finished, already complete, or another run
-holds the lock; 1 failed; 2 bad config or usage; 3 preflight refused; 75 temporary
-failure worth a retry (cron).`,
+		Long: `Run the extraction job.
+Exit codes: 0 finished, already complete, or another run holds the lock; 1 failed;
+2 bad config, dataset or usage; 3 preflight refused; 75 temporary failure worth a retry
+(cron).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runRun(cmd, &cf, opt)

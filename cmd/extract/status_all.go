@@ -11,21 +11,22 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func runStatusAll(cmd *cobra.Command, cf *configFlags, asJSON bool) error {
+func runStatusAll(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Duration) error {
 	cfg, err := cf.load(cmd)
 	if err != nil {
 		return err
 	}
-	js, err := orchestrator.QueryStatusAll(cmd.Context(), cfg)
-	if err != nil {
-		return err
-	}
-	out := cmd.OutOrStdout()
-	if asJSON {
-		return printJSON(out, js)
-	}
-	printStatusAll(out, js)
-	return nil
+	return watchLoop(cmd.Context(), cmd.OutOrStdout(), watch, asJSON, func(out io.Writer) error {
+		js, err := orchestrator.QueryStatusAll(cmd.Context(), cfg)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(out, js)
+		}
+		printStatusAll(out, js)
+		return nil
+	})
 }
 
 func printStatusAll(w io.Writer, js orchestrator.JobStatus) {

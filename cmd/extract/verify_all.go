@@ -28,6 +28,7 @@ func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOpti
 	for _, p := range rep.Problems {
 		fmt.Fprintln(out, p)
 	}
+	printUnlisted(out, rep.Unlisted)
 	for _, r := range rep.PerShard {
 		note := ""
 		if r.Note != "" {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // mount mounts a fresh disk in a temp dir, or skips when FUSE cannot be mounted here.
@@ -23,7 +25,7 @@ func mount(t *testing.T) (*FS, string) {
 	f := New()
 	if err := f.Mount(dir); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			t.Skipf("no FUSE here: %v", err)
+			testsupport.Unavailable(t, testsupport.FUSE, "mount: %v", err)
 		}
 		t.Fatal(err)
 	}
