@@ -7,12 +7,15 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// maxSkippedShown is how many skipped files the text summary names one by one.
+const maxSkippedShown = 10
+
 func newImportCmd() *cobra.Command {
 	var cf configFlags
 	var opt orchestrator.ImportOptions
 	var asJSON, link bool
 	cmd := &cobra.Command{
-		Use:   "import --from DIR [--format auto|specforge|safetensors|modelopt|extract] [--link|--copy] [--json]",
+		Use:   "import --from DIR [--format auto|specforge|safetensors|modelopt|extract] [--link|--copy] [--shard i/n] [--json]",
 		Short: "Adopt sample files another tool wrote: check each against the dataset and config, bring the good ones into the output, index them done",
 		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -38,8 +41,17 @@ func newImportCmd() *cobra.Command {
 			for _, r := range rep.Rejected {
 				fmt.Fprintf(out, "left alone: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)
 			}
-			fmt.Fprintf(out, "found %d files: %d imported (%d linked, %d copied, %d converted), %d already done, %d left alone; %d of %d samples done\n",
-				rep.Found, rep.Imported, rep.Linked, rep.Copied, rep.Converted, rep.AlreadyDone, len(rep.Rejected), rep.Done, rep.Total)
+			// Another shard's files are many and all alike: the first few, then a count
+			// (--json lists them all).
+			for i, r := range rep.Skipped {
+				if i == maxSkippedShown {
+					fmt.Fprintf(out, "skipped: %d more files of other shards\n", len(rep.Skipped)-i)
+					break
+				}
+				fmt.Fprintf(out, "skipped: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)
+			}
+			fmt.Fprintf(out, "found %d files: %d imported (%d linked, %d copied, %d converted), %d already done, %d left alone, %d of other shards skipped; %d of %d samples done\n",
+				rep.Found, rep.Imported, rep.Linked, rep.Copied, rep.Converted, rep.AlreadyDone, len(rep.Rejected), len(rep.Skipped), rep.Done, rep.Total)
 			if rep.Done < rep.Total {
 				fmt.Fprintln(out, "`extract run --resume` computes the rest")
 			}
