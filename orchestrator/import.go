@@ -38,8 +38,8 @@ type ImportReport struct {
 	Rejected    []ImportRejected `json:"rejected"`
 	// Skipped are files of samples another shard owns (import --shard i/n), left alone.
 	Skipped []ImportRejected `json:"skipped"`
-	Bytes       int64            `json:"bytes"`
-	Done        int              `json:"done"`
+	Bytes   int64            `json:"bytes"`
+	Done    int              `json:"done"`
 	// Total is the samples this run owns: the shard's range, or the whole dataset.
 	Total int `json:"total"`
 }
