@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"hash/crc32"
 	"os"
 	"path/filepath"
@@ -211,4 +212,47 @@ func TestAGzipBombIsRefusedQuicklyWritingNoMoreThanItsPickleDeclares(t *testing.
 		t.Fatalf("scratch keeps %d entries", len(left))
 	}
 	t.Logf("refused in %v: %v", took, err)
+}
+
+func TestImportRefusesAFIFOOrASymlinkSwappedInUnderASourceNameWithoutBlocking(t *testing.T) {
+	from := t.TempDir()
+	good := forgedFile(t, from, 2, torchforge.Dict(torchforge.Sample(3, 4), nil, nil), false, false, 4)
+	fifo := filepath.Join(from, "rows_0-2000", "data_3.ckpt")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(from, "rows_0-2000", "data_4.ckpt")
+	os.Symlink(good.Path, link)
+	l := Layout{Dir: t.TempDir(), Format: FormatSpecForge}
+	for s, c := range map[int]struct{ path, want string }{3: {fifo, "not a regular file"}, 4: {link, "symlink"}} {
+		got := make(chan error, 1)
+		go func() {
+			_, err := Import(context.Background(), ImportFile{Path: c.path, Sample: s, Kind: FormatSpecForge}, l, forgedWant(s), false, t.TempDir())
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			if !isReject(err, c.want) {
+				t.Errorf("sample %d: %v; want it refused as %q", s, err, c.want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("sample %d: import blocked on %s", s, c.path)
+		}
+	}
+}
+
+func TestAGzipThatCannotFitTheStateDiskIsATemporaryFailureNotARefusal(t *testing.T) {
+	scratch := filepath.Join(smallTmpfs(t, "64k"), "import-scratch")
+	const H = 4096 // 96 KiB of tensors: more than the disk
+	src := forgedFile(t, t.TempDir(), 1, torchforge.Dict(torchforge.Sample(3, H), nil, nil), true, false, H)
+	want := forgedWant(1)
+	want.HiddenSize = H
+	_, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, want, false, scratch)
+	if !errors.Is(err, ErrScratchFull) || isReject(err, "") {
+		t.Fatalf("import = %v; want ErrScratchFull (the disk, not the file)", err)
+	}
+	// With room, the same file is good.
+	if _, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, want, false, t.TempDir()); err != nil {
+		t.Fatalf("with room: %v", err)
+	}
 }
