@@ -9,12 +9,15 @@ import (
 	"github.com/spf13/cobra"
 )
 
+// maxSkippedShown is how many skipped files the text summary names one by one.
+const maxSkippedShown = 10
+
 func newImportCmd() *cobra.Command {
 	var cf configFlags
 	var opt orchestrator.ImportOptions
 	var asJSON, link bool
 	cmd := &cobra.Command{
-		Use:   "import --from DIR [--config F] [--shard i/n] [--format auto|specforge|safetensors|modelopt|extract] [--link|--copy] [--json]",
+		Use:   "import --from DIR [--format auto|specforge|safetensors|modelopt|extract] [--link|--copy] [--shard i/n] [--json]",
 		Short: "Adopt sample files another tool wrote: check each against the dataset and config, bring the good ones into the output, index them done",
 		Long: `Adopt sample files another tool wrote: each is checked against the dataset and the
 config; the good ones are linked, copied or converted into the output and indexed done,
@@ -50,8 +53,17 @@ Exit codes: 0 files imported (or all already done); 1 every file found was left 
 				for _, r := range rep.Rejected {
 					fmt.Fprintf(out, "left alone: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)
 				}
-				fmt.Fprintf(out, "found %d files: %d imported (%d linked, %d copied, %d converted), %d already done, %d left alone; %d of %d samples done\n",
-					rep.Found, rep.Imported, rep.Linked, rep.Copied, rep.Converted, rep.AlreadyDone, len(rep.Rejected), rep.Done, rep.Total)
+				// Another shard's files are many and all alike: the first few, then a count
+				// (--json lists them all).
+				for i, r := range rep.Skipped {
+					if i == maxSkippedShown {
+						fmt.Fprintf(out, "skipped: and %d more files of other shards\n", len(rep.Skipped)-i)
+						break
+					}
+					fmt.Fprintf(out, "skipped: sample %d: %s: %s\n", r.Sample, r.Path, r.Reason)
+				}
+				fmt.Fprintf(out, "found %d files: %d imported (%d linked, %d copied, %d converted), %d already done, %d left alone, %d of other shards skipped; %d of %d samples done\n",
+					rep.Found, rep.Imported, rep.Linked, rep.Copied, rep.Converted, rep.AlreadyDone, len(rep.Rejected), len(rep.Skipped), rep.Done, rep.Total)
 				if rep.Done < rep.Total && rep.Imported > 0 {
 					fmt.Fprintln(out, "`extract run --resume` computes the rest")
 				}
@@ -73,6 +85,8 @@ Exit codes: 0 files imported (or all already done); 1 every file found was left 
 // directory whose every file was refused.
 func importOutcome(rep orchestrator.ImportReport, opt orchestrator.ImportOptions) error {
 	switch {
+	case rep.Found == len(rep.Skipped) && len(rep.Skipped) > 0:
+		return usageError{fmt.Errorf("the %d sample files under %s are all of other shards than this one (--shard): nothing imported", rep.Found, opt.From)}
 	case rep.Found == 0:
 		return usageError{fmt.Errorf("no sample files under %s for --format %s (SpecForge's rows_*/data_<i>.ckpt[.gz], flat <i>.pt or <i>.safetensors, extract's own): nothing imported", opt.From, opt.Format)}
 	case rep.Imported == 0 && rep.AlreadyDone == 0:
