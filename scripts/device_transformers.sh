@@ -41,6 +41,8 @@ export EXTRACT_LOG_LEVEL=info
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
 WINDOW=256 # run.max_inflight and the server's --window-requests
+# More server flags, as YAML list items: SERVER_ARGS=', "--writers", "16"'
+SERVER_ARGS=${SERVER_ARGS:-}
 say() { echo "$*" | tee -a "$SUMMARY"; }
 now() { date +%s.%N; }
 outputs() { find "$1" -name 'data_*.safetensors' 2>/dev/null | wc -l; }
@@ -64,7 +66,7 @@ server:
   port: $8
   startup_timeout: 5m
   health_interval: 5s
-  extra_args: ["--window-requests", "$WINDOW", "--writers", "8"]
+  extra_args: ["--window-requests", "$WINDOW"$SERVER_ARGS]
   transformers:
     max_batch_tokens: $6
     max_batch_requests: $7
@@ -102,12 +104,17 @@ timed() {
   start=$(now)
   "$BIN" run --config "$W/$1.yaml" >"$W/$1.stdout" 2>"$W/$1.stderr" &
   local run=$!
+  local last=""
   while kill -0 $run 2>/dev/null; do
-    if [ -z "$first" ] && [ "$(outputs "$2")" -gt 0 ]; then first=$(now); fi
+    local n
+    n=$(outputs "$2")
+    if [ -z "$first" ] && [ "$n" -gt 0 ]; then first=$(now); fi
+    # The last output, not the exit: stopping the server and closing the index come after.
+    if [ -z "$last" ] && [ "$n" -ge "$3" ]; then last=$(now); fi
     sleep 0.05
   done
   wait $run; rc=$?
-  end=$(now)
+  end=${last:-$(now)}
   [ $rc -eq 0 ] || { FAIL=1; say "FAIL: $1 exit $rc: $(tail -3 "$W/$1.stderr")"; }
   [ "$(outputs "$2")" -eq "$3" ] || { FAIL=1; say "FAIL: $1 wrote $(outputs "$2") outputs, want $3"; }
   local tokens bytes
@@ -118,7 +125,7 @@ import sys
 name = sys.argv[1]
 start, first, end, tokens, nbytes = map(float, sys.argv[2:])
 steady = max(end - first, 1e-9)
-print(f"{name} {tokens/steady:.0f} {nbytes/steady:.0f} throughput {name}: {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; wall {end-start:.1f}s "
+print(f"{name} {tokens/steady:.0f} {nbytes/steady:.0f} throughput {name}: {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; from the start to the last output {end-start:.1f}s "
       f"(server start included); first output to last {steady:.2f}s: {tokens/steady:,.0f} tok/s, {nbytes/1e9/steady:.2f} GB/s")
 EOF
 }
@@ -131,7 +138,7 @@ disk_rate() {
   mkdir -p "$dst" && cp -r "$2"/rows_* "$dst/" && sync
   t1=$(now)
   bytes=$(du -sb "$dst" | cut -f1)
-  python3 -c "import sys; b,t=float(sys.argv[2]),float(sys.argv[3])-float(sys.argv[1]); print(f'{sys.argv[4]} {b/t:.0f} cp + sync {sys.argv[4]}: {b/1e9:.2f} GB in {t:.2f}s: {b/1e9/t:.2f} GB/s')" "$t0" "$t1" "$bytes" "$1" | tee -a "$W/rates" | cut -d' ' -f3- | tee -a "$SUMMARY"
+  python3 -c "import sys; b,t=float(sys.argv[3]),float(sys.argv[2])-float(sys.argv[1]); print(f'{sys.argv[4]} {b/t:.0f} cp + sync {sys.argv[4]}: {b/1e9:.2f} GB in {t:.2f}s: {b/1e9/t:.2f} GB/s')" "$t0" "$t1" "$bytes" "$1" | tee -a "$W/rates" | cut -d' ' -f3- | tee -a "$SUMMARY"
   rm -rf "$dst"
 }
 
@@ -147,7 +154,7 @@ perf() {
   cp "$TMPOUT/${n}t/.extract/logs/server.log" "$W/${n}t-server.log" 2>/dev/null
   rm -rf "$TMPOUT/${n}t"
   python3 "$HELP" forward-rate "$W/models/$2" "$W/$n.jsonl" --layers "$(echo "$5" | tr -d ' ')" --max-batch-tokens "$7" --max-batch-requests 64 --window "$WINDOW" \
-    | tee "$W/$n-forward.json" | sed "s/^/forward-only $n: /" | tee -a "$SUMMARY"
+    | tail -1 | tee "$W/$n-forward.json" | sed "s/^/forward-only $n: /" | tee -a "$SUMMARY"
   python3 - "$W/rates" "$W/$n-forward.json" "$n" <<'EOF' | tee -a "$SUMMARY"
 import json, sys
 rates = {l.split()[0]: l.split()[1:3] for l in open(sys.argv[1]) if l.strip()}
@@ -201,6 +208,22 @@ if [ "$MODE" = exact ] || [ "$MODE" = all ]; then
   grep -q "adopting server" "$W/b1-out/.extract/logs/extract.log" "$W/b1-resume.stderr" && say "resume adopted server $SPID2"
   say "status b1: $("$BIN" status --json --config "$W/b1.yaml" | tr -d '\n' | cut -c1-400)"
   check b1 "$W/models/big" batched 2,4,6
+fi
+
+if [ "$MODE" = variants ]; then
+  # The tmpfs run of (b) under each server setting in VARIANTS (';'-separated SERVER_ARGS).
+  model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
+  python3 "$HELP" make-data "$W/v.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  i=0
+  IFS=';' read -ra VS <<<"${VARIANTS:-}"
+  for v in "${VS[@]}"; do
+    i=$((i + 1))
+    cp "$W/v.jsonl" "$W/v$i.jsonl"
+    SERVER_ARGS=$v config "v$i" "$W/models/big" 8 4096 "2, 4, 6" 16384 64 $((31200 + i)) "$TMPOUT/v$i"
+    say "variant v$i: $v"
+    timed "v$i" "$TMPOUT/v$i" 1024
+    rm -rf "$TMPOUT/v$i"
+  done
 fi
 
 if [ "$MODE" = perf ] || [ "$MODE" = all ]; then
