@@ -98,7 +98,7 @@ func printSparkline(w io.Writer, cfg *configs.Config) {
 	if !ok {
 		return
 	}
-	fmt.Fprintf(w, "last %s: %s  (peak %.2f samples/s)\n", sparkSpan, report.Sparkline(rates), hi)
+	fmt.Fprintf(w, "rate, last %d min: %s (peak %.2f samples/s)\n", int(sparkSpan.Minutes()), report.Sparkline(rates), hi)
 }
 
 // isTerminalWriter says whether w is a terminal: the sparkline is for a person watching.
