@@ -211,13 +211,12 @@ func serveReport(s *statusServer, cfg *configs.Config) {
 	s.mux.Handle("/report.png", page("image/png", func(b *bytes.Buffer, in report.Input) error { return report.WritePNG(b, in) }))
 }
 
-// RecentRates is the job's rate over the last span in n slots, from its history, for
-// a sparkline; ok is false when there is no history to draw.
-func RecentRates(cfg *configs.Config, span time.Duration, n int) (rates []float64, hi float64, ok bool) {
+// RecentRates is the job's rate over the last span (or since its history began) in n
+// slots, from its history, for a sparkline; the span drawn is 0 when there is none.
+func RecentRates(cfg *configs.Config, span time.Duration, n int) (rates []float64, hi float64, drawn time.Duration) {
 	recs, _ := readHistory(cfg.StateDir)
 	if len(recs) == 0 {
-		return nil, 0, false
+		return nil, 0, 0
 	}
-	rates, hi = report.RecentRates(recs, time.Now(), span, n)
-	return rates, hi, true
+	return report.RecentRates(recs, time.Now(), span, n)
 }

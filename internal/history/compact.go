@@ -114,7 +114,8 @@ func (s *sampler) offer(r Record) (Record, bool) {
 		gap := time.Duration(r.T-s.last.T) * time.Millisecond
 		withPauses := r
 		withPauses.Paused = s.paused
-		due := gap >= s.spacing(r) || (gap >= minGap && changed(s.last, withPauses))
+		// A clock stepped back (NTP) must not silence the history until it catches up.
+		due := gap < 0 || gap >= s.spacing(r) || (gap >= minGap && changed(s.last, withPauses))
 		if !due {
 			return Record{}, false
 		}
