@@ -83,10 +83,11 @@ func newRootCmd() *cobra.Command {
 		Args:          noArgs,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
+	root.AddCommand(newReportCmd())
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd(), newReportCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd())
 	return root
 }
 
