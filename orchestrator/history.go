@@ -131,7 +131,7 @@ func ReportInput(ctx context.Context, cfg *configs.Config, all bool) (report.Inp
 		notes = append(notes, fmt.Sprintf("dead shards %v: no live process and not complete; resubmit them", js.Dead))
 	}
 	in := report.Input{
-		Title:  fmt.Sprintf("extract report: %s, %d shards", js.OutputDir, js.Shards),
+		Title:  fmt.Sprintf("extract report: %s, %d shards", shortDir(js.OutputDir), js.Shards),
 		Now:    now,
 		Series: history.Merge(shards),
 		Facts: report.Facts{State: js.State, Total: js.Total, Done: js.Done, Failed: js.Failed, Pending: js.Pending,
@@ -147,7 +147,7 @@ func ReportInput(ctx context.Context, cfg *configs.Config, all bool) (report.Inp
 // statusReport is the report of one job (or shard) from its status and history.
 func statusReport(cfg *configs.Config, st Status, now time.Time) report.Input {
 	recs, note := readHistory(cfg.StateDir)
-	title := "extract report: " + cfg.OutputDir
+	title := "extract report: " + shortDir(cfg.OutputDir)
 	if cfg.Shard.Count > 0 {
 		title += fmt.Sprintf(", shard %d of %d", cfg.Shard.Index, cfg.Shard.Count)
 	}
@@ -168,6 +168,14 @@ func statusReport(cfg *configs.Config, st Status, now time.Time) report.Input {
 		}
 	}
 	return in
+}
+
+// shortDir is a long path's last two elements, for a title (the header names it whole).
+func shortDir(dir string) string {
+	if len(dir) <= 48 {
+		return dir
+	}
+	return "…/" + filepath.Join(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
 }
 
 // readHistory reads a state dir's history for a report; what went wrong is a note for

@@ -310,7 +310,7 @@ func TestReportAllAddsUpTheShardsHistoriesAndStatusWatchDrawsASparklineOnATermin
 		cmd.Wait()
 	}()
 	var seen bytes.Buffer
-	line := regexp.MustCompile(`rate, last [0-9hms]+: [ ▁▂▃▄▅▆▇█]*[▁▂▃▄▅▆▇█] \(peak [0-9.]+ samples/s\)`)
+	line := regexp.MustCompile(`rate, last [0-9hms]+: [ ▁▂▃▄▅▆▇█]*[▁▂▃▄▅▆▇█] *\(peak [0-9.]+ samples/s\)`)
 	buf := make([]byte, 4096)
 	deadline := time.Now().Add(20 * time.Second)
 	for !line.Match(seen.Bytes()) {
