@@ -120,6 +120,11 @@ func TestTheReportOfATwoReplicaJobWithRestartsAndAPauseLoadsInChromiumWithNoNetw
 		return num(ss[0]["restarts"]) == 1 && num(ss[1]["restarts"]) == 1 && allReady(2)(st)
 	})
 	checkLiveReport(t, j)
+	live := filepath.Join(j.dir, "live.png")
+	if r := j.run("report", "--out", live); r.code != 0 {
+		t.Fatalf("report of the running job: exit %d\n%s", r.code, r.stderr)
+	}
+	decodePNG(t, live)
 	if code, stderr := wait(); code != 0 {
 		t.Fatalf("run exit %d\n%s", code, stderr)
 	}

@@ -204,3 +204,17 @@ func TestSparklineScalesToTheLargestAndLeavesGapsBlank(t *testing.T) {
 		t.Errorf("a 2-minute history: rates %v over %v", vals, span)
 	}
 }
+
+func TestAJobWithoutHistorySaysSoAndStillShowsItsFacts(t *testing.T) {
+	var b bytes.Buffer
+	in := Input{Title: "t", Now: start, Facts: Facts{State: "stopped", Total: 10, ETASeconds: -1}}
+	if err := WriteHTML(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "No history recorded yet") || !strings.Contains(b.String(), "0 / 10 samples") {
+		t.Errorf("page without history:\n%s", b.String())
+	}
+	if err := WritePNG(&b, in); err != nil {
+		t.Fatal(err)
+	}
+}
