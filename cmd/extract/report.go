@@ -94,11 +94,11 @@ const (
 // printSparkline writes the job's rate over the last minutes as one line of blocks,
 // from its history; nothing when there is none yet.
 func printSparkline(w io.Writer, cfg *configs.Config) {
-	rates, hi, ok := orchestrator.RecentRates(cfg, sparkSpan, sparkWidth)
-	if !ok {
+	rates, hi, span := orchestrator.RecentRates(cfg, sparkSpan, sparkWidth)
+	if span <= 0 {
 		return
 	}
-	fmt.Fprintf(w, "last %s: %s  (peak %.2f samples/s)\n", sparkSpan, report.Sparkline(rates), hi)
+	fmt.Fprintf(w, "rate, last %s: %s (peak %.2f samples/s)\n", span.Round(time.Second), report.Sparkline(rates), hi)
 }
 
 // isTerminalWriter says whether w is a terminal: the sparkline is for a person watching.
