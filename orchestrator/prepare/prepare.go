@@ -195,6 +195,12 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	if err := writeManifest(o.Dir, m); err != nil {
 		return Summary{}, err
 	}
+	// The chunks are in the dataset now, and durable there: they would only double the
+	// disk a million conversations take. Without the dataset, a later run prepares again.
+	for _, c := range m.Chunks {
+		os.Remove(chunkPath(o.Dir, c.Index, false))
+		os.Remove(chunkPath(o.Dir, c.Index, true))
+	}
 	sum.Counts = m.Counts
 	return sum, nil
 }
