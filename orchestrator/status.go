@@ -52,6 +52,7 @@ type Status struct {
 	OutputDir        string           `json:"output_dir"`
 	StartedAt        *time.Time       `json:"started_at,omitempty"`
 	UpdatedAt        time.Time        `json:"updated_at"`
+	Prepare          *PrepareStatus   `json:"prepare,omitempty"` // a conversation job's prepare step (conversations.go)
 }
 
 // ServerStatus describes one server (replica) the run drives.
@@ -228,6 +229,14 @@ func progressPath(stateDir string) string { return filepath.Join(stateDir, "prog
 // QueryStatus answers `extract status`: from the live process when a run holds the lock,
 // else from the index. It never opens the index while a run holds it.
 func QueryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
+	st, err := queryStatus(ctx, cfg)
+	if err == nil {
+		st.Prepare = prepareStatus(cfg)
+	}
+	return st, err
+}
+
+func queryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
 	if pid, held := LockHolder(cfg.StateDir); held {
 		if st, err := queryLive(ctx, cfg.StateDir); err == nil {
 			return st, nil

@@ -278,8 +278,12 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 			t.Fatalf("the vocabulary differs from SpecForge's: %v\n%s", err, out)
 		}
 	}
-	if st := j.status(); st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
+	st := j.status()
+	if st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
 		t.Fatalf("status %v", st)
+	}
+	if p, _ := st["prepare"].(map[string]any); p == nil || int(p["refused"].(float64)) != len(cases)-len(j.samples) || int(p["accepted"].(float64)) != len(j.samples) {
+		t.Fatalf("status's prepare: %v", st["prepare"])
 	}
 }
 

@@ -67,7 +67,8 @@ type Counts struct {
 	Loss      int64          `json:"loss_tokens"`
 }
 
-func (c *Counts) add(o Counts) {
+// Add adds o's counts to c.
+func (c *Counts) Add(o Counts) {
 	c.Lines += o.Lines
 	c.Accepted += o.Accepted
 	c.Truncated += o.Truncated
@@ -181,7 +182,7 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 		return Summary{}, err
 	}
 	for _, c := range m.Chunks {
-		m.Counts.add(c.Counts)
+		m.Counts.Add(c.Counts)
 	}
 	if m.Counts.Accepted == 0 {
 		return Summary{}, fmt.Errorf("%w: %s: no conversation was accepted (%d lines, %d refused: %v); see %s",
