@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -152,6 +154,31 @@ func (j *job) killWhen(cond func() bool) bool {
 	}
 }
 
+// safetensorsMetadata reads a safetensors file's __metadata__ on its own.
+func safetensorsMetadata(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var n [8]byte
+	if _, err := io.ReadFull(f, n[:]); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, binary.LittleEndian.Uint64(n[:]))
+	if _, err := io.ReadFull(f, hdr); err != nil {
+		t.Fatal(err)
+	}
+	var h struct {
+		Metadata map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(hdr, &h); err != nil {
+		t.Fatal(err)
+	}
+	return h.Metadata
+}
+
 type prepManifest struct {
 	Chunks   []json.RawMessage `json:"chunks"`
 	Complete bool              `json:"complete"`
@@ -256,10 +283,22 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 		t.Fatalf("refused.jsonl lists %d lines, %d were bad", n, len(cases)-len(j.samples))
 	}
 
-	// Every output file once, with the contract's ids and mask and the simulator's rows.
+	// Every output file once, with the contract's ids and mask and the simulator's rows,
+	// and its conversation's id in the metadata (read from the header here: 8 bytes of
+	// length, then JSON).
+	var ids []string
+	for _, c := range cases {
+		if c.turns != nil {
+			ids = append(ids, c.id)
+		}
+	}
 	for i, s := range j.samples {
-		if err := j.checkFile(j.layout().Path(i), i, s); err != nil {
+		path := j.layout().Path(i)
+		if err := j.checkFile(path, i, s); err != nil {
 			t.Fatalf("sample %d: %v", i, err)
+		}
+		if got := safetensorsMetadata(t, path)["source_id"]; got != ids[i] {
+			t.Fatalf("sample %d: source_id %q in %s, want %q", i, got, path, ids[i])
 		}
 	}
 	if n := j.outputFiles(); n != len(j.samples) {
