@@ -97,7 +97,8 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
     "$BIN" export --config "$W/run.yaml" --format safetensors --to "$W/run-ref" >/dev/null 2>&1
     args=("$W/run-out" --reference "$W/run-ref")
     [ -d "$SF/specforge" ] && args+=(--specforge "$SF" --collate 8)
-    out=$(python3 scripts/check_torch_formats.py "${args[@]}" 2>&1 | tail -1); say "torch/SpecForge read: $out"
+    out=$(python3 scripts/check_torch_formats.py "${args[@]}" 2>&1 | python3 -c "import json,sys; t=sys.stdin.read(); i=t.find('{'); print(json.dumps(json.loads(t[i:])) if i >= 0 else t)")
+    say "torch/SpecForge read: $out"
     echo "$out" | grep -q '"ok": true' || FAIL=1
     if [ -d "$SF/specforge" ]; then
       out=$(python3 scripts/check_vocab_mapping.py "$W/run-out/vocab_mapping" --samples "$W/run-out/.extract/prepare/dataset.jsonl" --draft 512 --target "$V" --specforge "$SF" 2>&1)
