@@ -347,3 +347,21 @@ func TestPrepareShowMarksTheLossInAPipe(t *testing.T) {
 		t.Fatalf("exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
 	}
 }
+
+func TestAConversationRunWithAnUnusableTokenizerFolderIsRefusedBeforeAnyServer(t *testing.T) {
+	j := newJob(t, 1, 0)
+	writeConversations(t, j.dataset, 5)
+	model := t.TempDir()
+	os.WriteFile(filepath.Join(model, "config.json"), []byte(`{"vocab_size": 1000}`), 0o644) // weights' config, no tokenizer
+	j.env = append(j.env, "EXTRACT_SERVER_KIND=transformers", "EXTRACT_SERVER_MODEL_PATH="+model)
+	res := j.run("run")
+	if res.code != 3 || !strings.Contains(res.stderr, "has no tokenizer.json") {
+		t.Fatalf("exit %d\n%s", res.code, res.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(j.state, "server.json")); err == nil {
+		t.Fatal("a server was launched")
+	}
+	if res := j.run("doctor"); res.code != 3 || !strings.Contains(res.stdout+res.stderr, "tokenizer") {
+		t.Fatalf("doctor: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+}
