@@ -52,7 +52,7 @@ prep() { # prep NAME: extract prepare into $W/NAME-prep
   if ! "$BIN" prepare --config "$W/$1.yaml" --to "$W/$1-prep" --json >"$W/$1-prep.json" 2>"$W/$1-prep.log"; then
     say "FAIL $1: extract prepare failed"; tail -20 "$W/$1-prep.log" | tee -a "$SUMMARY"; FAIL=1; return 1
   fi
-  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['Counts']; print(sys.argv[2], 'accepted', s['accepted'], 'refused', s.get('refused') or {})" "$W/$1-prep.json" "$1" | tee -a "$SUMMARY"
+  python3 -c "import json,sys; s=json.load(open(sys.argv[1]))['counts']; print(sys.argv[2], 'accepted', s['accepted'], 'refused', s.get('refused') or {})" "$W/$1-prep.json" "$1" | tee -a "$SUMMARY"
 }
 
 check() { # check NAME TOKDIR [--masks-from DIR]
@@ -75,7 +75,7 @@ for l in open(sys.argv[1]):
     a = [m for m in json.loads(l)['messages'] if m['role'] == 'assistant']
     n += any(m.get('reasoning_content') for m in a[:-1])
 print(n)" "$W/convs.jsonl")
-got_drop=$(python3 -c "import json,sys; print((json.load(open(sys.argv[1]))['Counts'].get('refused') or {}).get('not_a_token_prefix', 0))" "$W/drop-prep.json" 2>/dev/null)
+got_drop=$(python3 -c "import json,sys; print((json.load(open(sys.argv[1]))['counts'].get('refused') or {}).get('not_a_token_prefix', 0))" "$W/drop-prep.json" 2>/dev/null)
 say "drop: refused not_a_token_prefix $got_drop, conversations with reasoning before their last turn $want_drop"
 [ "$got_drop" = "$want_drop" ] || FAIL=1
 "$BIN" prepare --config "$W/tags.yaml" --show 1 >"$W/show.txt" 2>&1 && head -c 1500 "$W/show.txt" | sed 's/^/show: /' | tee -a "$SUMMARY"

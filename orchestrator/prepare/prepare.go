@@ -93,12 +93,12 @@ func (c Counts) RefusedTotal() int {
 
 // Summary is what Run did.
 type Summary struct {
-	Dataset     string // the pre-tokenized JSONL
-	Refused     string // refused.jsonl
-	Counts      Counts
-	Fingerprint Fingerprint
-	Resumed     int // chunks found done
-	AlreadyDone bool
+	Dataset     string      `json:"dataset"` // the pre-tokenized JSONL
+	Refused     string      `json:"refused"` // refused.jsonl
+	Counts      Counts      `json:"counts"`
+	Fingerprint Fingerprint `json:"fingerprint"`
+	Resumed     int         `json:"resumed_chunks"` // chunks found done
+	AlreadyDone bool        `json:"already_prepared"`
 }
 
 // DatasetName and RefusedName are the assembled files in the prepare dir.
@@ -181,6 +181,7 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	if err := run(ctx, o, tok, &m); err != nil {
 		return Summary{}, err
 	}
+	m.Counts = Counts{} // a lost dataset's manifest still holds the old totals
 	for _, c := range m.Chunks {
 		m.Counts.Add(c.Counts)
 	}

@@ -204,7 +204,7 @@ func TestPrepareRedoesADamagedChunkAndALostDataset(t *testing.T) {
 	}
 	os.Remove(filepath.Join(dir, DatasetName))
 	sum, err := Run(context.Background(), options(from, dir), Simulator{EndOfTurn: true})
-	if err != nil || sum.AlreadyDone {
+	if err != nil || sum.AlreadyDone || sum.Counts.Lines != 60 {
 		t.Fatalf("after the dataset was lost: %+v, %v", sum, err)
 	}
 	if got, _ := os.ReadFile(filepath.Join(dir, DatasetName)); !bytes.Equal(got, good) {
