@@ -55,6 +55,7 @@ type Status struct {
 	OutputDir        string           `json:"output_dir"`
 	StartedAt        *time.Time       `json:"started_at,omitempty"`
 	UpdatedAt        time.Time        `json:"updated_at"`
+	Prepare          *PrepareStatus   `json:"prepare,omitempty"` // a conversation job's prepare step (conversations.go)
 }
 
 // ServerStatus describes one server (replica) the run drives.
@@ -242,6 +243,14 @@ func progressPath(stateDir string) string { return filepath.Join(stateDir, "prog
 // QueryStatus answers `extract status`: from the live process when a run holds the lock,
 // else from the index. It never opens the index while a run holds it.
 func QueryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
+	st, err := queryStatus(ctx, cfg)
+	if err == nil {
+		st.Prepare = prepareStatus(cfg)
+	}
+	return st, err
+}
+
+func queryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
 	h, held := LockHolder(cfg.StateDir)
 	if held && !h.IsRun() {
 		// verify, import or export: no run to ask, and its lock is no sign of one.

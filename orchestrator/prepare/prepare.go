@@ -67,7 +67,8 @@ type Counts struct {
 	Loss      int64          `json:"loss_tokens"`
 }
 
-func (c *Counts) add(o Counts) {
+// Add adds o's counts to c.
+func (c *Counts) Add(o Counts) {
 	c.Lines += o.Lines
 	c.Accepted += o.Accepted
 	c.Truncated += o.Truncated
@@ -92,12 +93,12 @@ func (c Counts) RefusedTotal() int {
 
 // Summary is what Run did.
 type Summary struct {
-	Dataset     string // the pre-tokenized JSONL
-	Refused     string // refused.jsonl
-	Counts      Counts
-	Fingerprint Fingerprint
-	Resumed     int // chunks found done
-	AlreadyDone bool
+	Dataset     string      `json:"dataset"` // the pre-tokenized JSONL
+	Refused     string      `json:"refused"` // refused.jsonl
+	Counts      Counts      `json:"counts"`
+	Fingerprint Fingerprint `json:"fingerprint"`
+	Resumed     int         `json:"resumed_chunks"` // chunks found done
+	AlreadyDone bool        `json:"already_prepared"`
 }
 
 // DatasetName and RefusedName are the assembled files in the prepare dir.
@@ -180,8 +181,9 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	if err := run(ctx, o, tok, &m); err != nil {
 		return Summary{}, err
 	}
+	m.Counts = Counts{} // a lost dataset's manifest still holds the old totals
 	for _, c := range m.Chunks {
-		m.Counts.add(c.Counts)
+		m.Counts.Add(c.Counts)
 	}
 	if m.Counts.Accepted == 0 {
 		return Summary{}, fmt.Errorf("%w: %s: no conversation was accepted (%d lines, %d refused: %v); see %s",
@@ -194,6 +196,12 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	m.Complete, m.Samples, m.DatasetSHA = true, m.Counts.Accepted, dsSum
 	if err := writeManifest(o.Dir, m); err != nil {
 		return Summary{}, err
+	}
+	// The chunks are in the dataset now, and durable there: they would only double the
+	// disk a million conversations take. Without the dataset, a later run prepares again.
+	for _, c := range m.Chunks {
+		os.Remove(chunkPath(o.Dir, c.Index, false))
+		os.Remove(chunkPath(o.Dir, c.Index, true))
 	}
 	sum.Counts = m.Counts
 	return sum, nil
