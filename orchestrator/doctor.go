@@ -141,7 +141,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		{true, d.checkGPUs},
 		{true, d.checkPort},
 		{true, d.checkStatusPort}, // doctor_ports.go
-		{true, d.checkReplicas}, // doctor_replicas.go: each replica's GPUs and port
+		{true, d.checkReplicas},   // doctor_replicas.go: each replica's GPUs and port
 		{true, d.checkModel},
 		{true, d.checkHook},
 		{true, d.checkSGLang},

@@ -331,5 +331,3 @@ func TestReportAllAddsUpTheShardsHistoriesAndStatusWatchDrawsASparklineOnATermin
 		t.Errorf("status into a pipe drew a sparkline:\n%s", piped.stdout)
 	}
 }
-
-
