@@ -19,7 +19,9 @@ func TestPlacementLinksOnlyAFileExactlyInTheJobsFormatOfThisJob(t *testing.T) {
 	}
 	want := ImportWant{DatasetFingerprint: "fp", ConfigFingerprint: "cfg"}
 	ours := func(cfg string) func(*sampleFile) {
-		return func(sf *sampleFile) { sf.md = map[string]string{"dataset_fingerprint": "fp", "config_fingerprint": cfg} }
+		return func(sf *sampleFile) {
+			sf.md = map[string]string{"dataset_fingerprint": "fp", "config_fingerprint": cfg}
+		}
 	}
 	for _, c := range []struct {
 		name     string
