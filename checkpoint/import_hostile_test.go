@@ -5,6 +5,8 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"hash/crc32"
 	"os"
@@ -168,32 +170,8 @@ func TestAGzipBombIsRefusedQuicklyWritingNoMoreThanItsPickleDeclares(t *testing.
 	// A good sample's records, then 256 MiB of zeros in a record no tensor uses:
 	// a 256 KiB .ckpt.gz.
 	path := filepath.Join(t.TempDir(), "rows_0-2000", "data_1.ckpt.gz")
-	os.MkdirAll(filepath.Dir(path), 0o755)
-	f, _ := os.Create(path)
-	gz, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
-	zw := zip.NewWriter(gz)
 	const junk = 256 << 20
-	zeros := make([]byte, 1<<20)
-	crc := crc32.NewIEEE()
-	for range junk >> 20 {
-		crc.Write(zeros)
-	}
-	recs := append([][]byte{torchforge.Dict(torchforge.Sample(3, 4), nil, nil)}, torchforge.Storages(3, 4, false)...)
-	for i, b := range recs {
-		name := "archive/data/" + strconv.Itoa(i-1)
-		if i == 0 {
-			name = "archive/data.pkl"
-		}
-		w, _ := zw.CreateRaw(&zip.FileHeader{Name: name, Method: zip.Store, CRC32: crc32.ChecksumIEEE(b), CompressedSize64: uint64(len(b)), UncompressedSize64: uint64(len(b))})
-		w.Write(b)
-	}
-	w, _ := zw.CreateRaw(&zip.FileHeader{Name: "archive/junk", Method: zip.Store, CRC32: crc.Sum32(), CompressedSize64: junk, UncompressedSize64: junk})
-	for range junk >> 20 {
-		w.Write(zeros)
-	}
-	zw.Close()
-	gz.Close()
-	f.Close()
+	writeBombGz(t, path, junk, nil)
 	st, _ := os.Stat(path)
 	t.Logf("bomb: %d bytes of gzip, %d decompressed", st.Size(), junk)
 
@@ -254,5 +232,56 @@ func TestAGzipThatCannotFitTheStateDiskIsATemporaryFailureNotARefusal(t *testing
 	// With room, the same file is good.
 	if _, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, want, false, t.TempDir()); err != nil {
 		t.Fatalf("with room: %v", err)
+	}
+}
+
+// writeBombGz writes a .ckpt.gz of a good 3-token sample followed by a record of junk
+// zero bytes no tensor uses; md, when set, goes into the gzip header as extract's own
+// metadata (a file that claims to be extract's).
+func writeBombGz(t *testing.T, path string, junk int64, md map[string]string) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
+	if md != nil {
+		js, _ := json.Marshal(md)
+		gz.Header.Extra = append(binary.LittleEndian.AppendUint16([]byte{'E', 'X'}, uint16(len(js))), js...)
+	}
+	zw := zip.NewWriter(gz)
+	zeros := make([]byte, 1<<20)
+	crc := crc32.NewIEEE()
+	for range junk >> 20 {
+		crc.Write(zeros)
+	}
+	recs := append([][]byte{torchforge.Dict(torchforge.Sample(3, 4), nil, nil)}, torchforge.Storages(3, 4, false)...)
+	for i, b := range recs {
+		name := "archive/data/" + strconv.Itoa(i-1)
+		if i == 0 {
+			name = "archive/data.pkl"
+		}
+		w, _ := zw.CreateRaw(&zip.FileHeader{Name: name, Method: zip.Store, CRC32: crc32.ChecksumIEEE(b), CompressedSize64: uint64(len(b)), UncompressedSize64: uint64(len(b))})
+		w.Write(b)
+	}
+	w, _ := zw.CreateRaw(&zip.FileHeader{Name: "archive/junk", Method: zip.Store, CRC32: crc.Sum32(), CompressedSize64: uint64(junk), UncompressedSize64: uint64(junk)})
+	for range junk >> 20 {
+		w.Write(zeros)
+	}
+	if zw.Close() != nil || gz.Close() != nil || f.Close() != nil {
+		t.Fatal("write the bomb")
+	}
+}
+
+func TestABombThatClaimsToBeExtractsOwnGzipIsRefusedAtItsUnusedRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rows_0-2000", "data_1.ckpt.gz")
+	writeBombGz(t, path, 1<<30, map[string]string{"format": outputFormat, "sample": "1", "layers": "2,30,58",
+		"tokens": "3", "hidden_size": "4", "crc32c": "00000000"})
+	start := time.Now()
+	_, err := Import(context.Background(), ImportFile{Path: path, Sample: 1, Kind: FormatSpecForge},
+		Layout{Dir: t.TempDir(), Format: FormatSpecForge, Gzip: true}, forgedWant(1), false, t.TempDir())
+	if !isReject(err, "no tensor uses") || time.Since(start) > 10*time.Second {
+		t.Fatalf("import of a 1 GiB bomb under extract's metadata: %v after %v; want it refused at the unused record", err, time.Since(start))
 	}
 }
