@@ -140,7 +140,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	}{
 		{true, d.checkGPUs},
 		{true, d.checkPort},
-		{true, d.checkStatusPort}, // doctor_ports.go
+		{true, d.checkStatusPort},
 		{true, d.checkReplicas}, // doctor_replicas.go: each replica's GPUs and port
 		{true, d.checkModel},
 		{true, d.checkHook},
