@@ -3,6 +3,7 @@ package main
 import (
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,9 +16,10 @@ func TestAPortHeldByAnotherShardsServerIsNamedAsThatShards(t *testing.T) {
 	shard0 := filepath.Join(j.state, "shard-0-of-2")
 	t.Cleanup(func() { stopRecordedServerFile(filepath.Join(shard0, "server.json")) })
 	_, wait := j.start("run", "--shard", "0/2")
-	for deadline := time.Now().Add(60 * time.Second); !alive(serverPID(shard0)); time.Sleep(50 * time.Millisecond) {
+	// Up once it answers on its port (its record is written before it listens).
+	for deadline := time.Now().Add(60 * time.Second); !listening(portOf(t, j)); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatal("shard 0's server did not start in 60 s")
+			t.Fatal("shard 0's server did not listen in 60 s")
 		}
 	}
 	r := j.run("doctor", "--shard", "1/2")
@@ -26,6 +28,14 @@ func TestAPortHeldByAnotherShardsServerIsNamedAsThatShards(t *testing.T) {
 	}
 	j.run("stop", "--shard", "0/2")
 	wait()
+}
+
+func listening(port int) bool {
+	c, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
 }
 
 // A busy status.listen used to pass doctor and then end the run with exit 2, which the
