@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # extract prepare with real Hugging Face tokenizers (transformers 5, tokenizers), on the
 # device machine (no GPU needed for prepare; step 3 uses one). No network.
-# Needs: python3 with transformers and tokenizers, and a prebuilt extract (EXTRACT_BIN,
+# Needs: python3 with transformers and tokenizers, and a prebuilt extract (DEVICE_EXTRACT_BIN,
 # default .devbin/extract: `go build -o .devbin/extract ./cmd/extract` where Go is).
 #
 #   1. A byte-level BPE trained here, saved with save_pretrained three times: tags/ (a
@@ -25,7 +25,7 @@
 # check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=$(realpath "${EXTRACT_BIN:-.devbin/extract}")
+BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_prepare.py)
 SF=${SPECFORGE_SRC:-$PWD/.specforge}
 W=${DEVRUN_DIR:-$PWD/.devrun/prepare}

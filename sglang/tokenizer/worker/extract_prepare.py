@@ -227,6 +227,9 @@ class Worker:
         texts, bounds = [full], []
         for k in assistants:
             prompt, _ = self.render(messages[:k], tools, True)
+            if k == assistants[0] and prompt == self.render(messages[:k], tools, False)[0]:
+                # Without a generation prompt the assistant's header would count as its turn.
+                raise Refused("template_error", "the template renders no generation prompt (add_generation_prompt changes nothing): the assistant's header cannot be told from its turn; use a template that has one, or generation tags")
             turn, _ = self.render(messages[:k + 1], tools, False)
             if not turn.startswith(prompt):
                 raise Refused("not_a_token_prefix", f"turn {k}: the prompt with the generation prompt is not a prefix of the prompt with the assistant turn (the generation prompt differs from how the template renders the turn)")
