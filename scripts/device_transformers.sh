@@ -20,6 +20,10 @@
 #   the whole job with the output on the disk and on a tmpfs, the forward-only rate of the
 #   same batches, cp + sync of the same bytes on the same disk, and the ratios against the
 #   targets (whole job >= 0.9 x min(forward, disk); on the tmpfs >= 0.9 x forward).
+# variants: (b)'s tmpfs run under each setting in VARIANTS (';'-separated SERVER_ARGS).
+# tmpfs: the tmpfs targets alone: forward-only (b) and (c), (b)'s tmpfs run under each
+#   of VARIANTS, (c)'s under those C_VARIANTS numbers (default 1), then 256 samples of (b)
+#   checked batched and (a)'s two checks, all under the first variant.
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +41,7 @@ SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
 WINDOW=256 # run.max_inflight and the server's --window-requests
 # More server flags, as YAML list items: SERVER_ARGS=', "--writers", "16"'
+# run.movers of every run: MOVERS=8
 SERVER_ARGS=${SERVER_ARGS:-}
 say() { echo "$*" | tee -a "$SUMMARY"; }
 now() { date +%s.%N; }
@@ -67,7 +72,7 @@ server:
     max_batch_requests: $7
 run:
   max_inflight: $WINDOW
-  movers: 4
+  movers: ${MOVERS:-4}
 disk:
   reserve: 1GiB
 status:
@@ -234,7 +239,7 @@ if [ "$MODE" = tmpfs ]; then
     timed "$1" "$TMPOUT/$1" "$6"
     python3 - "$TMPOUT/$1/.extract/logs/server.log" "$W/rates" "$W/${1%%v*}-forward.json" "$1" <<'EOF2' | tee -a "$SUMMARY"
 import json, re, sys
-b = [(float(m[1]), float(m[2])) for m in re.findall(r"batch \d+: width \d+ rids \S+ ms ([\d.]+) wait ([\d.]+)", open(sys.argv[1]).read())]
+b = [(float(m[0]), float(m[1])) for m in re.findall(r"batch \d+: width \d+ rids \S+ ms ([\d.]+) wait ([\d.]+)", open(sys.argv[1]).read())]
 rate = float({l.split()[0]: l.split()[1] for l in open(sys.argv[2]) if l.strip()}[sys.argv[4]])
 fwd = json.load(open(sys.argv[3]))["forward_tokens_per_second"]
 print(f"  {sys.argv[4]}: {len(b)} batches, forward thread {sum(x for x, _ in b)/max(len(b),1):.1f} ms a batch, waiting for a host buffer {sum(y for _, y in b)/max(len(b),1):.1f} ms; "
