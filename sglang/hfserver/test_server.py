@@ -268,6 +268,7 @@ class ServerTest(unittest.TestCase):
             {"rid": "s000000900-a1", "input_ids": []},
             {"rid": "s000000901-a1", "input_ids": [1, -2]},
             {"rid": "s000000902-a1", "input_ids": [1, 2.5]},
+            {"rid": "s000000905-a1", "input_ids": [1, True]},  # JSON true is no token id
             {"rid": "s000000903-a1", "text": "hello"},  # the tiny module has no tokenizer
             {"rid": "s000000904-a1"},
         ):

@@ -57,9 +57,12 @@ class Engine:
         self.ready = threading.Event()
         self.dead = None  # set to a message when the worker died
         self.queue = queue.Queue()
-        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0}
+        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0,
+                      "buffer_wait_seconds": 0.0}
         self.stats_lock = threading.Lock()
         self.serving = Serving()
+        self._streams = None  # the forward streams, made on the first batch (_stream)
+        self._turn = 0
 
     def load(self):
         opts = backend.Options(dtype=self.args.dtype, tp_size=self.args.tp_size, attn_implementation=self.args.attn_implementation)
@@ -116,35 +119,25 @@ class Engine:
         import torch
 
         model = self.model
-        width = max(len(r.ids) for r in batch)
         lengths = [len(r.ids) for r in batch]
-        ids = torch.zeros((len(batch), width), dtype=torch.int64)
-        mask = torch.zeros((len(batch), width), dtype=torch.int64)
-        for i, r in enumerate(batch):
+        width = max(lengths)
+        # A handful of tensor ops a batch rather than a few a request: every torch call
+        # gives the GIL up and takes it back, and with the HTTP and writer threads
+        # wanting it each take-back can wait (docs/performance.md).
+        padded = []
+        for r in batch:
             # Right padding: position ids stay 0..T-1 for every request, and causal
             # attention never lets a real token see the pads after it.
-            ids[i, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.int64)
-            mask[i, : len(r.ids)] = 1
+            padded += r.ids
+            padded += [0] * (width - len(r.ids))
+        ids = torch.tensor(padded, dtype=torch.int64).view(len(batch), width)
+        mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(torch.int64)
         # The real rows' positions in the flattened [B * W] batch: only these are copied.
         rows = mask.view(-1).nonzero().view(-1)
         started = time.monotonic()
         try:
-            ids, mask, rows = (to_device(t, model.device) for t in (ids, mask, rows))
-            captured, final = capture(model, ids, mask, self.layers)
-            dev = final.device
-            if self.pipeline is None:
-                from extract_hook import pipeline
-
-                self.pipeline = pipeline.Pipeline(torch, dev, max(self.args.max_batch_tokens, 1), model.hidden_size,
-                                                  buffers=self.args.host_buffers, writers=self.args.writers)
-            h = model.hidden_size
-            n = int(rows.numel())
-            flat, aux, fin = self.pipeline.device_buffer(n)
-            rows = rows.to(dev, non_blocking=True)
-            for j, c in enumerate(captured):
-                aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
-            torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
-            del captured, final, aux, fin
+            with self._stream(torch, model.device):
+                waited = self._forward(torch, model, batch, ids, mask, rows, lengths)
         except _out_of_memory() as e:
             # Too big a batch for this GPU: fail these requests (the orchestrator retries
             # them) and keep serving; a smaller server.transformers.max_batch_tokens fixes it.
@@ -160,12 +153,56 @@ class Engine:
             s["tokens"] += sum(lengths)
             s["padded_tokens"] += width * len(batch)
             s["max_batch_requests_seen"] = max(s["max_batch_requests_seen"], len(batch))
-            s["forward_seconds"] += elapsed  # the forward thread's time: the GPU runs on after it
+            s["forward_seconds"] += elapsed - waited  # the forward thread's time: the GPU runs on after it
+            s["buffer_wait_seconds"] += waited
+            n = s["batches"]
         # One line a batch: with it an offline forward can replay the very same batch
         # (same padding, same shapes, same kernels) and compare bit for bit
-        # (scripts/device_transformers.py); "-" is a health probe's [0].
-        log.info("batch %d: width %d rids %s", s["batches"], width, ",".join(r.rid or "-" for r in batch))
+        # (scripts/device_transformers.py); "-" is a health probe's [0]. Then the forward
+        # thread's milliseconds on it and those it waited for a free host buffer.
+        log.info("batch %d: width %d rids %s ms %.1f wait %.1f", n, width, ",".join(r.rid or "-" for r in batch),
+                 1e3 * (elapsed - waited), 1e3 * waited)
+
+    def _stream(self, torch, device):
+        """The CUDA stream this batch runs on, in turn among --forward-streams. The
+        attention mask's padding check (transformers' padding_mask.all()) waits for the
+        current stream to drain: on one stream every batch's launches start only once
+        the batch before it is done, so the GPU idles while this thread, sharing the GIL
+        with the HTTP and writer threads, launches the first kernels. On two, the check
+        waits for the batch before last, and one batch is always queued."""
+        import contextlib
+
+        if device.type != "cuda" or self.args.forward_streams < 2:
+            return contextlib.nullcontext()
+        if self._streams is None:
+            self._streams = [torch.cuda.Stream(device=device) for _ in range(self.args.forward_streams)]
+            for st in self._streams:  # the weights were loaded on the default stream
+                st.wait_stream(torch.cuda.current_stream(device))
+        self._turn += 1
+        return torch.cuda.stream(self._streams[self._turn % len(self._streams)])
+
+    def _forward(self, torch, model, batch, ids, mask, rows, lengths):
+        """The forward, the gather of the real rows and the hand-off to the pipeline, on
+        the current stream. Returns the seconds submit waited for a free host buffer."""
+        ids, mask, rows = (to_device(t, model.device) for t in (ids, mask, rows))
+        captured, final = capture(model, ids, mask, self.layers)
+        dev = final.device
+        if self.pipeline is None:
+            from extract_hook import pipeline
+
+            self.pipeline = pipeline.Pipeline(torch, dev, max(self.args.max_batch_tokens, 1), model.hidden_size,
+                                              buffers=self.args.host_buffers, writers=self.args.writers)
+        h = model.hidden_size
+        n = int(rows.numel())
+        flat, aux, fin = self.pipeline.device_buffer(n)
+        rows = rows.to(dev, non_blocking=True)
+        for j, c in enumerate(captured):
+            aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
+        torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
+        del captured, final, aux, fin
+        t = time.monotonic()
         self.pipeline.submit(flat, n, batch, spans(lengths), self._write, lambda: None)
+        return time.monotonic() - t
 
     def _write(self, host, r, start, end, rows):
         """Writes request r's dump from rows [start, end) of its batch's host block (a
@@ -361,11 +398,15 @@ def parse_generate(body, model):
         ids = model.tokenizer(text)
     if not isinstance(ids, list) or not ids:
         return rid, None, "input_ids must be a non-empty list of integers"
+    # An id outside the vocabulary would be a device-side assert on a GPU, which kills
+    # the process: refuse it here instead. The common case in C (set, min, max: the GIL
+    # this thread holds is the one the forward thread needs); the loop names the bad id.
+    vocab = model.vocab_size
+    if set(map(type, ids)) == {int} and min(ids) >= 0 and (vocab is None or max(ids) < vocab):
+        return rid, ids, None
     for i in ids:
-        # An id outside the vocabulary would be a device-side assert on a GPU, which
-        # kills the process: refuse it here instead.
-        if type(i) is not int or i < 0 or (model.vocab_size is not None and i >= model.vocab_size):
-            return rid, None, f"input id {i!r} is not an integer in [0, {model.vocab_size})"
+        if type(i) is not int or i < 0 or (vocab is not None and i >= vocab):
+            return rid, None, f"input id {i!r} is not an integer in [0, {vocab})"
     return rid, ids, None
 
 
@@ -388,6 +429,8 @@ def parse_args(argv):
     # 112,972 tok/s, 4: 116,571, 8: 110,079, 16 (6 host buffers): 95,226. Past 4 the
     # writers take the GIL from the batch thread more than they add bandwidth.
     p.add_argument("--writers", type=int, default=4, help="threads writing dumps")
+    p.add_argument("--forward-streams", type=int, default=2,
+                   help="CUDA streams the batches take in turn, so one is queued while the GPU runs another")
     p.add_argument("--host-buffers", type=int, default=3,
                    help="pinned host buffers of max-batch-tokens rows: batches copied or written at once")
     return p.parse_args(argv)
