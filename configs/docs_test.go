@@ -92,7 +92,7 @@ func TestEveryEnvNameTheReposScriptsAndDocsUseIsAccepted(t *testing.T) {
 	for key := range flatten(Default()) {
 		known[EnvName(key)] = true
 	}
-	name := regexp.MustCompile(`EXTRACT_[A-Z0-9_]*[A-Z0-9]`)
+	name := regexp.MustCompile(`(?:^|[^A-Za-z0-9_])(EXTRACT_[A-Z0-9_]*[A-Z0-9])`)
 	checked := 0
 	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {

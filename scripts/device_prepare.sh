@@ -25,6 +25,11 @@
 # check passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+-h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+"" | --bench) ;;
+*) echo "device_prepare.sh: takes only --bench, got $1 (see --help)" >&2; exit 2 ;;
+esac
 BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_prepare.py)
 SF=${SPECFORGE_SRC:-$PWD/.specforge}

@@ -113,6 +113,9 @@ func watchPiped(t *testing.T, j *job, env []string, args ...string) string {
 
 func TestStatusWatchIntoAPipeAppendsSnapshotsWithoutEscapes(t *testing.T) {
 	j := newJob(t, 3, 0)
+	if r := j.run("run"); r.code != 0 {
+		t.Fatalf("run: exit %d\n%s", r.code, r.stderr)
+	}
 	out := watchPiped(t, j, nil, "status", "--watch", "200ms")
 	if n := strings.Count(out, "state:"); n < 2 {
 		t.Fatalf("%d snapshots in 1.5s of --watch 200ms:\n%s", n, out)

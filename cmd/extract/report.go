@@ -35,7 +35,7 @@ PNG. Without --out the page goes to stdout. With --all, every shard of the plan 
 the state dir, added up. A running job's status endpoint serves the same page at
 /report and /report.png.
 
-Exit status: 0 written; 1 failed; 2 bad usage (an --out that is neither .html nor .png).`,
+Exit codes: 0 written; 1 failed; 2 bad usage (an --out that is neither .html nor .png).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := reportWriter(opt.out); err != nil {

@@ -43,6 +43,9 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 	if err != nil {
 		return err
 	}
+	// watchLoop renders each snapshot into a buffer: whether a sparkline fits is the
+	// terminal's question, asked once of the real output.
+	sparkline := watch > 0 && isTerminalWriter(cmd.OutOrStdout())
 	return watchLoop(cmd.Context(), cmd.OutOrStdout(), watch, asJSON, func(out io.Writer) error {
 		st, err := orchestrator.QueryStatus(cmd.Context(), cfg)
 		if err != nil {
@@ -52,7 +55,7 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 			return printJSON(out, st)
 		}
 		printStatus(out, st)
-		if watch > 0 && isTerminalWriter(out) {
+		if sparkline {
 			printSparkline(out, cfg)
 		}
 		return nil
