@@ -76,7 +76,7 @@ func TestEveryDocumentedCommandLineNamesARealCommandAndItsFlags(t *testing.T) {
 // Cron's PATH is thin: the documented cron lines call extract by its absolute path.
 func TestTheDocumentedCronLinesCallExtractByAnAbsolutePath(t *testing.T) {
 	ops := readDoc(t, "docs/operations.md")
-	lines := regexp.MustCompile("(?m)^([*0-9/,-]+ ){5}(\\S+)").FindAllStringSubmatch(ops, -1)
+	lines := regexp.MustCompile(`(?m)^([*0-9/,-]+ ){5}(\S+)`).FindAllStringSubmatch(ops, -1)
 	if len(lines) == 0 {
 		t.Fatal("operations.md shows no cron line")
 	}
