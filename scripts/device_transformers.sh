@@ -15,8 +15,7 @@
 set -uo pipefail
 case "${1:-}" in
 -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-"") ;;
-*) echo "device_transformers.sh: takes no arguments, got $1 (see --help)" >&2; exit 2 ;;
+-*) echo "device_transformers.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
 cd "$(dirname "$0")/.."
 BIN=$(realpath "${DEVRUN_BIN:-.devbin/extract}")
