@@ -123,10 +123,15 @@ func TestTheOperationsDemoDoctorOutputIsWhatDoctorPrints(t *testing.T) {
 		shmDir = d
 	}
 	port := freePort(t)
-	abs, err := filepath.Abs(repoRoot)
+	// The demo config and dataset copied to a durable disk as the repo's were: a checkout
+	// under /tmp (CI's, often) would make the config check warn.
+	abs, err := os.MkdirTemp("/var/tmp", "extract-docs-repo-")
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { os.RemoveAll(abs) })
+	copyFile(t, filepath.Join(repoRoot, "configs", "demo.yaml"), filepath.Join(abs, "configs", "demo.yaml"))
+	copyFile(t, filepath.Join(repoRoot, "configs", "demo", "dataset.jsonl"), filepath.Join(abs, "configs", "demo", "dataset.jsonl"))
 	cmd := exec.Command(bin, "doctor", "--config", "configs/demo.yaml")
 	cmd.Dir = abs
 	cmd.Env = append(cleanEnv(), "EXTRACT_OUTPUT_DIR="+out, "EXTRACT_SHM_DIR="+shmDir, "EXTRACT_SERVER_PORT="+strconv.Itoa(port))
