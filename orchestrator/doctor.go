@@ -314,6 +314,12 @@ func (d *doctor) checkFiles(context.Context) []Check {
 			checks = append(checks, warnCheck(f.name, "", "%s: %v", f.path, err))
 			continue
 		}
+		if f.name == "executable" && goRunBuild(path) {
+			// The quick start's binary: go run builds it again each time, so a reboot loses
+			// nothing; a warning on every demo run would teach to ignore the check.
+			checks = append(checks, okCheck(f.name, "%s is a `go run` build, made again by each go run; for cron or systemd install one (go build -o /usr/local/bin/extract ./cmd/extract)", path))
+			continue
+		}
 		if why := volatile(filepath.Dir(path)); why != "" {
 			checks = append(checks, warnCheck(f.name, f.fix, "%s is %s: lost on reboot, and a resume with it", path, why))
 			continue
@@ -321,6 +327,16 @@ func (d *doctor) checkFiles(context.Context) []Check {
 		checks = append(checks, okCheck(f.name, "%s is on a durable disk", path))
 	}
 	return checks
+}
+
+// goRunBuild says whether exe is where `go run` puts the binary it builds:
+// $GOTMPDIR/go-build<n>/b<k>/exe/<name>.
+func goRunBuild(exe string) bool {
+	dir := filepath.Dir(exe)
+	if filepath.Base(dir) != "exe" {
+		return false
+	}
+	return strings.HasPrefix(filepath.Base(filepath.Dir(filepath.Dir(dir))), "go-build")
 }
 
 // existingAncestor is dir itself if it exists, else its nearest existing parent; an

@@ -117,7 +117,7 @@ func newJob(t *testing.T, n int, tokensPerSecond int) *job {
 	if err := os.WriteFile(j.dataset, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cfg := fmt.Sprintf(`dataset: data.jsonl
+	cfg := `dataset: data.jsonl
 output_dir: out
 server:
   kind: simulator
@@ -128,7 +128,7 @@ run:
   dump_timeout: 20s
 disk:
   reserve: 1MiB
-`)
+`
 	if err := os.WriteFile(j.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}

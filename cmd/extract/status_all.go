@@ -65,6 +65,8 @@ func printStatusAll(w io.Writer, js orchestrator.JobStatus) {
 		fmt.Fprintf(tw, "%d/%d\t%s\t%d-%d\t%d/%d\t%d\t%d\t%s\t%.2f\t%s\t%s\n", r.Shard, js.Shards, state, r.First, r.End,
 			r.Done, r.Total, r.Failed, r.Pending, configs.ByteSize(r.BytesWritten), r.SamplesPerSecond, pid, r.Source)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		fmt.Fprintf(w, "(the shard table could not be written: %v)\n", err)
+	}
 	fmt.Fprintf(w, "output:    %s\n", js.OutputDir)
 }

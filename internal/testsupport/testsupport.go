@@ -110,10 +110,13 @@ func writeReport(kind Kind, outcome string, n int, test string) {
 		fmt.Fprintf(os.Stderr, "testsupport: %s: %v\n", EnvReport, err)
 		return
 	}
-	defer f.Close()
 	pkg, _ := os.Getwd()
 	// One write a line: lines of test binaries running at once do not interleave.
-	if _, err := fmt.Fprintf(f, "%s %s %d %s/%s\n", kind, outcome, n, filepath.Base(pkg), test); err != nil {
+	_, err = fmt.Fprintf(f, "%s %s %d %s/%s\n", kind, outcome, n, filepath.Base(pkg), test)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "testsupport: %s: %v\n", EnvReport, err)
 	}
 }
@@ -147,7 +150,9 @@ func probeOnce(kind Kind) string {
 		if err != nil {
 			return fmt.Sprintf("cannot open /dev/fuse: %v", err)
 		}
-		f.Close()
+		if err := f.Close(); err != nil {
+			return fmt.Sprintf("close /dev/fuse: %v", err)
+		}
 	case Torch:
 		if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
 			return fmt.Sprintf("/usr/bin/python3 cannot import torch (apt-get install python3-torch): %v %s", err, lastLine(out))

@@ -26,8 +26,7 @@
 set -uo pipefail
 case "${1:-}" in
 -h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-"") ;;
-*) echo "extract-array.sh: takes no arguments, got $1 (see --help)" >&2; exit 2 ;;
+-*) echo "extract-array.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
 
 # Shards that share a node need their own server port (a one-shard-per-node cluster
