@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
-	"golang.org/x/sys/unix"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 // ErrBadDataset marks a dataset the user must fix (exit 2).
@@ -110,43 +110,17 @@ func openDataset(ctx context.Context, path string, maxLine configs.ByteSize) (*D
 	return d, nil
 }
 
-// openDatasetFile opens the dataset without trusting what the path names: with
-// O_NONBLOCK, so a FIFO (or a symlink to one) cannot hang the open, then fstat of what
-// was opened, which must be a regular file (a FIFO, a device such as /dev/zero, a
-// directory or a socket is refused). A symlink to a regular file is followed: a dataset
-// kept in a managed folder and linked is common, and the open file is what is read.
+// openDatasetFile opens the dataset as userfile.OpenRegular does: a FIFO, a device
+// such as /dev/zero, a directory or a socket is refused at once, never read or waited on.
 func openDatasetFile(path string) (*os.File, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, err := userfile.OpenRegular(path)
+	if errors.Is(err, userfile.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: dataset %w: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, &os.PathError{Op: "open", Path: path, Err: err})
+		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%w: stat dataset %s: %w", ErrBadDataset, path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%w: dataset %s is %s, not a regular file: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, path, fileKind(st.Mode))
-	}
-	return os.NewFile(uintptr(fd), path), nil
-}
-
-// fileKind names a stat mode's file type for messages.
-func fileKind(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFIFO:
-		return "a FIFO (named pipe)"
-	case unix.S_IFDIR:
-		return "a directory"
-	case unix.S_IFCHR:
-		return "a character device"
-	case unix.S_IFBLK:
-		return "a block device"
-	case unix.S_IFSOCK:
-		return "a socket"
-	}
-	return fmt.Sprintf("not a regular file (mode %#o)", mode&unix.S_IFMT)
+	return f, nil
 }
 
 // statOpen is the open file's identity now.

@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 	"github.com/extract-dev/extract/sglang/tokenizer"
 )
 
@@ -85,7 +86,7 @@ func IsConversations(cfg *configs.Config) (bool, error) {
 	case "sharegpt", "openai", "ultrachat":
 		return true, nil
 	}
-	f, err := openRegular(cfg.Dataset)
+	f, err := userfile.OpenRegular(cfg.Dataset)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}

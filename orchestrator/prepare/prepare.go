@@ -29,6 +29,7 @@ import (
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 const noFollow = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
@@ -224,7 +225,7 @@ func run(ctx context.Context, o Options, tok Tokenizer, m *Manifest) error {
 		last := m.Chunks[n-1]
 		start, firstLine, nextChunk = last.End, last.LastLine+1, last.Index+1
 	}
-	f, err := openRegular(o.From)
+	f, err := userfile.OpenRegular(o.From)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
