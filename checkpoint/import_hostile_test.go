@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/internal/torchzip/torchforge"
 )
 
@@ -159,7 +160,7 @@ func smallTmpfs(t *testing.T, size string) string {
 		if strings.Contains(os.Getenv("EXTRACT_CI_REQUIRE"), "root") {
 			t.Fatalf("EXTRACT_CI_REQUIRE names root but a tmpfs cannot be mounted: %v", err)
 		}
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	return mnt

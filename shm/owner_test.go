@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 func TestJudgeAcceptsOnlyADirNoOtherUserCanWrite(t *testing.T) {
@@ -61,12 +63,10 @@ func TestJudgeAcceptsOnlyADirNoOtherUserCanWrite(t *testing.T) {
 // asNobody runs sh -c script as user nobody, group nogroup, no other groups.
 func asNobody(t *testing.T, script string) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as a second user (setpriv --reuid nobody)")
-	}
+	testsupport.Require(t, testsupport.Root) // to act as a second user
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		t.Skip("setpriv (util-linux) is not installed")
+		testsupport.Unavailable(t, testsupport.Root, "setpriv (util-linux) is not installed")
 	}
 	if out, err := exec.Command(setpriv, "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sh", "-c", script).CombinedOutput(); err != nil {
 		t.Fatalf("as nobody: %s: %v\n%s", script, err, out)
@@ -78,7 +78,7 @@ func asNobody(t *testing.T, script string) {
 func sharedTmpfs(t *testing.T) string {
 	t.Helper()
 	if fs, err := StatFS("/dev/shm"); err != nil || !fs.Tmpfs {
-		t.Skip("/dev/shm is not a tmpfs here")
+		testsupport.Unavailable(t, testsupport.Root, "/dev/shm is not a tmpfs here")
 	}
 	d, err := os.MkdirTemp("/dev/shm", "owner-test-")
 	if err != nil {

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // finishedJob runs a small job of hidden size H to completion.
@@ -58,7 +60,7 @@ func TestExportRefusesAnotherJobsFolderASymlinkIntoTheOutputAndAdvisesAboutAFull
 	mnt := filepath.Join(t.TempDir(), "small")
 	os.MkdirAll(mnt, 0o755)
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=64k"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
 	}
 	defer syscall.Unmount(mnt, syscall.MNT_DETACH)
 	r = a.run("export", "--format", "modelopt", "--to", filepath.Join(mnt, "x"))

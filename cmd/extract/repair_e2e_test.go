@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // blockWithDir puts a non-empty directory at path: nothing extract does may remove it.
@@ -171,7 +173,7 @@ func TestARebuildThatFillsTheStateDiskRepairsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=16m"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	j.state = mnt
@@ -273,7 +275,7 @@ func TestAStagingDiskFilledByOthersShowsAsStagingFullAndTheRunResumes(t *testing
 		t.Fatal(err)
 	}
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	j.shmDir = filepath.Join(mnt, "staging")

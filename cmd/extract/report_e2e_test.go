@@ -19,33 +19,17 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/internal/history"
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 var updateDocs = flag.Bool("update-docs", false, "copy the report's screenshot to docs/report.png")
 
-// requireOrSkip skips a test that needs what this machine lacks, unless
-// EXTRACT_CI_REQUIRE names that kind (comma-separated): then CI fails instead of
-// passing with the test unrun.
-func requireOrSkip(t *testing.T, kind, why string) {
-	t.Helper()
-	for _, k := range strings.Split(os.Getenv("EXTRACT_CI_REQUIRE"), ",") {
-		if strings.TrimSpace(k) == kind {
-			t.Fatalf("EXTRACT_CI_REQUIRE names %s, but: %s", kind, why)
-		}
-	}
-	t.Skip(why)
-}
-
-// chromium finds Debian's chromium, or skips (`apt-get install -y chromium`).
+// chromium is Debian's chromium; without it the test skips, or fails where CI requires
+// the kind (`apt-get install -y chromium`).
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, p := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	requireOrSkip(t, "chromium", "no chromium to render the report in (apt-get install -y chromium)")
-	return ""
+	testsupport.Require(t, testsupport.Chromium)
+	return testsupport.ChromiumPath()
 }
 
 // headless runs chromium on a page with every network path closed: a proxy on a dead

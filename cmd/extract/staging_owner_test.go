@@ -6,18 +6,18 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // nobody runs sh -c script as user nobody (group nogroup, no other groups): a real
 // second user, as on a shared node.
 func nobody(t *testing.T, script string) error {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as a second user (setpriv --reuid nobody)")
-	}
+	testsupport.Require(t, testsupport.Root) // to act as a second user
 	setpriv, err := exec.LookPath("setpriv")
 	if err != nil {
-		t.Skip("setpriv (util-linux) is not installed")
+		testsupport.Unavailable(t, testsupport.Root, "setpriv (util-linux) is not installed")
 	}
 	return exec.Command(setpriv, "--reuid", "nobody", "--regid", "nogroup", "--clear-groups", "sh", "-c", script).Run()
 }
@@ -29,7 +29,7 @@ func TestAStagingDirAnotherUserCreatedIsRefusedByRunAndDoctor(t *testing.T) {
 	j := newJob(t, 20, 0)
 	shared, err := os.MkdirTemp("/dev/shm", "extract-owner-")
 	if err != nil {
-		t.Skip("no /dev/shm here:", err)
+		testsupport.Unavailable(t, testsupport.Root, "no /dev/shm here: %v", err)
 	}
 	t.Cleanup(func() { os.RemoveAll(shared) })
 	os.Chmod(shared, os.ModeSticky|0o777) // as /dev/shm itself
