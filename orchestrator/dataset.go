@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/conversation"
 	"github.com/extract-dev/extract/internal/userfile"
 )
 
@@ -440,7 +441,7 @@ func decodeLine(line []byte, index int) (Sample, error) {
 			return Sample{}, err
 		}
 	}
-	s := Sample{Index: index, SourceID: sourceID(raw.ID)}
+	s := Sample{Index: index, SourceID: conversation.SourceID(raw.ID)}
 	switch {
 	case raw.InputIDs != nil && raw.Text != nil:
 		return s, errors.New(`has both "input_ids" and "text"; give one`)
@@ -477,19 +478,6 @@ func decodeLine(line []byte, index int) (Sample, error) {
 		s.LossMask = *raw.LossMask
 	}
 	return s, nil
-}
-
-// sourceID is an "id" value as written: a string's value, a number's digits.
-func sourceID(r json.RawMessage) string {
-	var s string
-	if json.Unmarshal(r, &s) == nil {
-		return s
-	}
-	var n json.Number
-	if json.Unmarshal(r, &n) == nil {
-		return n.String()
-	}
-	return ""
 }
 
 // findNull names the first null element of "input_ids" or "loss_mask".

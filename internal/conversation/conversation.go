@@ -330,21 +330,28 @@ func check(msgs []Message) *Refusal {
 	return nil
 }
 
-// firstID is the first of the id keys present, as written: a string's value, a number's
-// digits.
+// firstID is the first of the id keys present, as written.
 func firstID(rs ...json.RawMessage) string {
 	for _, r := range rs {
-		if !present(r) {
-			continue
+		if present(r) {
+			if id := SourceID(r); id != "" {
+				return id
+			}
 		}
-		var s string
-		if json.Unmarshal(r, &s) == nil {
-			return s
-		}
-		var n json.Number
-		if json.Unmarshal(r, &n) == nil {
-			return n.String()
-		}
+	}
+	return ""
+}
+
+// SourceID is an id value as written: a string's value, a number's digits ("" for
+// anything else).
+func SourceID(r json.RawMessage) string {
+	var s string
+	if json.Unmarshal(r, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(r, &n) == nil {
+		return n.String()
 	}
 	return ""
 }
