@@ -86,7 +86,7 @@ func checkFile(path string, readOnly bool) error {
 	if err != nil {
 		return fmt.Errorf("index %s: %w", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	st, err := f.Stat()
 	if err != nil {
 		return fmt.Errorf("index %s: %w", path, err)

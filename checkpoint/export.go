@@ -114,7 +114,7 @@ func exportOne(ctx context.Context, from, to string, dst Layout, r Record, meta 
 	if err != nil {
 		return 0, fmt.Errorf("sample %d: %s: %w", r.Sample, from, err)
 	}
-	defer sf.Close()
+	defer func() { _ = sf.Close() }()
 	md := map[string]string{}
 	if sf.md != nil {
 		maps.Copy(md, sf.md)
@@ -132,11 +132,11 @@ func exportOne(ctx context.Context, from, to string, dst Layout, r Record, meta 
 		if err != nil {
 			return 0, fmt.Errorf("sample %d: %s: %w", r.Sample, from, err)
 		}
-		defer os.Remove(plain)
+		defer func() { _ = os.Remove(plain) }()
 		if conv, err = openSample(plain); err != nil {
 			return 0, fmt.Errorf("sample %d: %s: %w", r.Sample, from, err)
 		}
-		defer conv.Close()
+		defer func() { _ = conv.Close() }()
 	}
 	s := conv.source(nil)
 	md["config_fingerprint"] = opt.ConfigFingerprint

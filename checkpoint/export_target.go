@@ -133,7 +133,7 @@ func readSmallRegular(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if size > 1<<16 {
 		return nil, fmt.Errorf("%s is %d bytes, not an export marker", path, size)
 	}

@@ -24,7 +24,7 @@ func readOutput(ctx context.Context, path string, deep bool, want *fileWant, buf
 	if err != nil {
 		return OutputInfo{}, err
 	}
-	defer sf.Close()
+	defer func() { _ = sf.Close() }()
 	return sf.check(ctx, deep, want, buf)
 }
 
@@ -269,7 +269,7 @@ func checkImported(ctx context.Context, path string, r Record, deep bool, want *
 	if err != nil {
 		return err.Error(), nil
 	}
-	defer sf.Close()
+	defer func() { _ = sf.Close() }()
 	if !sf.gz && sf.tokens() != int64(r.Tokens) {
 		return fmt.Sprintf("%d tokens, index recorded %d", sf.tokens(), r.Tokens), nil
 	}
@@ -323,11 +323,11 @@ func openRegular(path string) (*os.File, int64, error) {
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, 0, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, 0, fmt.Errorf("%s is not a regular file (mode %o)", path, st.Mode&unix.S_IFMT)
 	}
 	return os.NewFile(uintptr(fd), path), st.Size, nil

@@ -164,7 +164,7 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 	if err != nil {
 		return reject("%v", err)
 	}
-	defer func() { sf.Close() }() // the source, or what it decompressed into
+	defer func() { _ = sf.Close() }() // the source, or what it decompressed into
 	// opened is the file as it was before any read: a link is made only if it is the
 	// same after every check.
 	opened, err := fstat(sf.f)
@@ -174,7 +174,7 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 	var plains []string
 	defer func() {
 		for _, p := range plains {
-			os.Remove(p)
+			_ = os.Remove(p)
 		}
 	}()
 	if sf.md == nil && want.RequireExtract {
@@ -207,10 +207,10 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 			return r, e, false
 		}
 		if opened, err = fstat(inner.f); err != nil {
-			inner.Close()
+			_ = inner.Close()
 			return ImportResult{}, err, false
 		}
-		sf.Close()
+		_ = sf.Close()
 		sf, unzipped = inner, true
 		return ImportResult{}, nil, true
 	}

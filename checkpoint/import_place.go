@@ -65,7 +65,7 @@ func placeAsIs(ctx context.Context, sf *sampleFile, before unix.Stat_t, final st
 				err = renameDurably(tmp, final)
 			}
 			if err != nil {
-				os.Remove(tmp)
+				_ = os.Remove(tmp)
 				return placedFile{}, fmt.Errorf("place %s: %w", final, err)
 			}
 			return placedFile{size: after.Size, sum: sum}, nil
@@ -82,7 +82,7 @@ func placeAsIs(ctx context.Context, sf *sampleFile, before unix.Stat_t, final st
 	}
 	sum, reason, err := check(copied)
 	size := copied.size
-	copied.Close()
+	_ = copied.Close() // a read-back, opened read-only
 	if err != nil || reason != "" {
 		p.abort()
 		return placedFile{reject: reason}, err
@@ -125,7 +125,7 @@ func placeConverted(ctx context.Context, sf *sampleFile, l Layout, final string,
 		return placedFile{}, fmt.Errorf("read back %s: %w", p.tmp, err)
 	}
 	got, reason, err := check(out)
-	out.Close()
+	_ = out.Close() // a read-back, opened read-only
 	if err != nil || reason != "" {
 		p.abort()
 		return placedFile{reject: reason}, err
@@ -213,7 +213,7 @@ func gunzipBounded(ctx context.Context, sf *sampleFile, want ImportWant, scratch
 	if err != nil {
 		return refuse("gunzip: %v", err)
 	}
-	defer zr.Close()
+	defer func() { _ = zr.Close() }()
 	zr.Multistream(false)
 	in := &ctxReader{ctx, zr}
 	head := make([]byte, 30+2*math.MaxUint16+maxPickle)
@@ -270,13 +270,13 @@ func gunzipBounded(ctx context.Context, sf *sampleFile, want ImportWant, scratch
 	}
 	switch {
 	case err == nil && int64(written)+rest > limit:
-		os.Remove(dst)
+		_ = os.Remove(dst)
 		return refuse("decompresses past the %d bytes its pickle declares (a gzip bomb?)", limit)
 	case errors.Is(err, gzip.ErrChecksum), errors.Is(err, gzip.ErrHeader), errors.Is(err, io.ErrUnexpectedEOF):
-		os.Remove(dst)
+		_ = os.Remove(dst)
 		return refuse("gunzip: %v", err)
 	case err != nil:
-		os.Remove(dst)
+		_ = os.Remove(dst)
 		return "", fmt.Errorf("gunzip %s into %s: %w", sf.path, scratch, err)
 	}
 	return dst, nil

@@ -231,7 +231,7 @@ func TestAPanicInTheCodeATxnRunsIsRepanickedNotCalledDamage(t *testing.T) {
 	}
 	defer ix.Close()
 	for name, bug := range map[string]func(){
-		"nil map":     func() { var m map[string]int; m["x"] = 1 },
+		"nil map":     func() { m := map[string]map[string]int{}; m["a"]["x"] = 1 },
 		"index":       func() { s := []int{}; i := 3; _ = s[i] },
 		"nil pointer": func() { var p *Record; _ = p.Sample },
 		"plain panic": func() { panic("bug") },

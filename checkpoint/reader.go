@@ -78,7 +78,7 @@ func openSampleAs(path, as string) (*sampleFile, error) {
 		err = s.openZip()
 	}
 	if err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	return s, nil
@@ -115,7 +115,7 @@ func (s *sampleFile) openGzip() error {
 	if err != nil {
 		return err
 	}
-	defer zr.Close()
+	defer func() { _ = zr.Close() }()
 	x := zr.Header.Extra
 	for len(x) >= 4 {
 		l := int(binary.LittleEndian.Uint16(x[2:]))
@@ -205,7 +205,7 @@ func (s *sampleFile) walk(ctx context.Context, fn func(role int, r io.Reader) er
 	if err != nil {
 		return err
 	}
-	defer zr.Close()
+	defer func() { _ = zr.Close() }()
 	zr.Multistream(false)
 	havePickle := false
 	err = torchzip.Walk(&ctxReader{ctx, zr}, func(name string, size int64, data io.Reader) error {
@@ -269,7 +269,7 @@ func ReadTensors(path string) (map[string][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	defer sf.Close()
+	defer func() { _ = sf.Close() }()
 	out := map[string][]byte{}
 	err = sf.walk(context.Background(), func(role int, r io.Reader) error {
 		b, err := io.ReadAll(r)

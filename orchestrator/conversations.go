@@ -61,7 +61,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	if err != nil {
 		return "", fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
 	}
-	defer tok.Close()
+	defer func() { _ = tok.Close() }()
 	if opt.Fresh {
 		if err := prepare.Clear(dir); err != nil {
 			return "", err
@@ -123,7 +123,7 @@ func indexHasProgress(cfg *configs.Config) bool {
 	if err != nil {
 		return true
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }()
 	c, err := ix.Counters()
 	return err != nil || c.Done+c.Failed > 0
 }

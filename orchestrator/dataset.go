@@ -105,7 +105,7 @@ func openDataset(ctx context.Context, path string, maxLine configs.ByteSize) (*D
 	}
 	d := &Dataset{Path: path, f: f}
 	if err := d.index(ctx, maxLine); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	return d, nil

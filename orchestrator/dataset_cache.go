@@ -109,7 +109,7 @@ func OpenDatasetCached(ctx context.Context, cfg *configs.Config) (*Dataset, erro
 		}
 	}
 	if err := d.index(ctx, cfg.DatasetMaxLine); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	if cachePath != "" && d.indexedKey.cacheable() {

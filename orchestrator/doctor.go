@@ -203,7 +203,7 @@ type doctor struct {
 
 func (d *doctor) close() {
 	if d.ownDS && d.ds != nil {
-		d.ds.Close()
+		_ = d.ds.Close()
 	}
 }
 

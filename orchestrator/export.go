@@ -58,7 +58,7 @@ func Export(ctx context.Context, cfg *configs.Config, opt ExportOptions) (checkp
 	if err != nil {
 		return rep, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }()
 	meta, ok, err := ix.Meta()
 	if err != nil {
 		return rep, err
@@ -76,7 +76,7 @@ func Export(ctx context.Context, cfg *configs.Config, opt ExportOptions) (checkp
 		target.Output.Compress = "gzip"
 	}
 	scratch := filepath.Join(to, ".extract-export-scratch")
-	defer os.RemoveAll(scratch)
+	defer func() { _ = os.RemoveAll(scratch) }()
 	rep, err = checkpoint.Export(ctx, ix, src, dst, checkpoint.ExportOptions{
 		ConfigFingerprint: target.Fingerprint(), Layers: cfg.LayersString(), Model: cfg.ServedModel(),
 		Scratch: scratch, Progress: opt.Progress,

@@ -212,7 +212,7 @@ func serveReport(s *statusServer, cfg *configs.Config) {
 			w.Header().Set("Content-Security-Policy", report.CSP)
 			w.Header().Set("X-Content-Type-Options", "nosniff")
 			w.Header().Set("Cache-Control", "no-store")
-			w.Write(b.Bytes())
+			_, _ = w.Write(b.Bytes()) // a client gone mid-answer is no fault of ours
 		}
 	}
 	s.mux.Handle("/report", page("text/html; charset=utf-8", func(b *bytes.Buffer, in report.Input) error { return report.WriteHTML(b, in) }))

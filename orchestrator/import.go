@@ -80,7 +80,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err != nil {
 		return rep, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	if err := makeJobDirs(cfg); err != nil {
 		return rep, err
 	}
@@ -100,7 +100,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err != nil {
 		return rep, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // every commit was synced: Close loses nothing
 	// Import continues a job as --resume does: same dataset and config, or refused.
 	if err := prepareIndex(ix, ds, cfg, RunOptions{Resume: true, Log: opt.Log}); err != nil {
 		return rep, err
@@ -117,7 +117,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := os.RemoveAll(scratch); err != nil {
 		return rep, fmt.Errorf("clear %s: %w", scratch, err)
 	}
-	defer os.RemoveAll(scratch)
+	defer func() { _ = os.RemoveAll(scratch) }()
 	onlyExtract := opt.Format == "extract"
 	for i, f := range files {
 		if opt.Progress != nil {

@@ -242,7 +242,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		if err != nil {
 			return res, err
 		}
-		defer w.Close()
+		defer func() { _ = w.Close() }()
 		j.watchers = append(j.watchers, w)
 		found, err := w.Scan()
 		if err != nil {

@@ -82,7 +82,7 @@ func AcquireLock(stateDir, command string) (*Lock, error) {
 		return nil, fmt.Errorf("open lock %s: %w", path, err)
 	}
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, wholeFile(unix.F_WRLCK)); err != nil {
-		f.Close()
+		_ = f.Close()
 		if errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES) {
 			return nil, &HeldError{Holder: readHolder(path), Path: path}
 		}
@@ -90,12 +90,14 @@ func AcquireLock(stateDir, command string) (*Lock, error) {
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("stat lock %s: %w", path, err)
 	}
 	b, _ := json.Marshal(self(command))
+	// The holder record is advisory: a lock without one still locks, and stop refuses to
+	// signal a holder it cannot read.
 	if err := f.Truncate(0); err == nil {
-		f.WriteAt(append(b, '\n'), 0)
+		_, _ = f.WriteAt(append(b, '\n'), 0)
 	}
 	return &Lock{f: f, path: path, ino: st.Ino}, nil
 }
@@ -120,8 +122,10 @@ func pidNamespace() uint64 {
 	return st.Ino
 }
 
-// Release drops the lock.
-func (l *Lock) Release() error { return l.f.Close() }
+// Release drops the lock by closing its file. The kernel drops an OFD lock when its last
+// descriptor closes, whatever close reports, and the holder record is advisory: a
+// caller has nothing to act on.
+func (l *Lock) Release() { _ = l.f.Close() }
 
 // Lost reports why the lock no longer guards this run, or "" while it does: its file was
 // removed or replaced (the state dir deleted under the run), so another run could take a
@@ -145,7 +149,7 @@ func LockHolder(stateDir string) (Holder, bool) {
 	if err != nil {
 		return Holder{}, false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	lk := wholeFile(unix.F_WRLCK)
 	if err := unix.FcntlFlock(f.Fd(), unix.F_OFD_GETLK, lk); err != nil || lk.Type == unix.F_UNLCK {
 		return Holder{}, false

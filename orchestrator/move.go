@@ -111,7 +111,7 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 	if err != nil {
 		return checkpoint.Moved{}, err
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }()
 	staged, err := j.mover.Stage(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
 		DatasetFingerprint: j.ds.Fingerprint, ConfigFingerprint: j.cfg.Fingerprint(),
@@ -146,17 +146,25 @@ func (j *job) finishMoves() {
 	for {
 		select {
 		case r := <-j.moved:
-			j.onMoved(r)
+			j.settleMoved(r)
 		case <-j.moversDone:
 			for {
 				select {
 				case r := <-j.moved:
-					j.onMoved(r)
+					j.settleMoved(r)
 				default:
 					return
 				}
 			}
 		}
+	}
+}
+
+// settleMoved is onMoved once the loop has ended: an error it returns (a bad dataset)
+// has no loop left to end, so it is logged; the dump stays in staging for the next run.
+func (j *job) settleMoved(r moveResult) {
+	if err := j.onMoved(r); err != nil {
+		j.log.Warn("move settled after the loop", "file", r.dump.Path, "err", err)
 	}
 }
 

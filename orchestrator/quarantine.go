@@ -112,7 +112,7 @@ func (q *quarantine) keep(held string, room int64) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }()
 	st, err := src.Stat()
 	if err != nil {
 		return 0, err
@@ -142,7 +142,7 @@ func (q *quarantine) keep(held string, room int64) (int64, error) {
 		err = os.Rename(tmp, kept)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		_ = os.Remove(tmp)
 		return 0, fmt.Errorf("copy %s into quarantine: %w", held, err)
 	}
 	q.log.Warn("dump quarantined", "file", filepath.Join(filepath.Dir(held), name), "kept_as", kept)

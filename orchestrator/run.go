@@ -101,7 +101,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err != nil {
 		return res, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	res.Total = spanOf(cfg, ds.Len()).size()
 	if err := makeJobDirs(cfg); err != nil {
 		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
@@ -130,7 +130,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err != nil {
 		return res, damagedIndex(err)
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // every commit was synced: Close loses nothing
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, damagedIndex(err)
 	}

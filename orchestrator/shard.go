@@ -152,7 +152,7 @@ func Plan(cfg *configs.Config, n int) ([]PlanRow, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	rows := make([]PlanRow, n)
 	for i := range rows {
 		lo, hi := ShardRange(ds.Len(), i, n)

@@ -77,7 +77,7 @@ func signalRun(h Holder) error {
 	if err != nil {
 		return fmt.Errorf("pidfd_open of run pid %d: %w", h.PID, err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	start, err := sglang.ProcessStartTime(h.PID)
 	if err != nil {
 		return fmt.Errorf("%w: run pid %d: %v: not signalled", ErrNotHere, h.PID, err)

@@ -71,7 +71,7 @@ func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptio
 	if err != nil {
 		return res, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	opt.HiddenSize, opt.Layers, opt.Model = cfg.HiddenSize(), cfg.LayersString(), cfg.ServedModel()
 	if cfg.Shard.Sharded() {
 		// The shards share the output dir: this shard checks, adopts and rebuilds only
@@ -151,7 +151,7 @@ func indexTrouble(path string) (why string, exists bool, err error) {
 	case err != nil:
 		return "", true, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }()
 	if _, ok, err := ix.Meta(); errors.Is(err, checkpoint.ErrDamaged) {
 		return damaged(err), true, nil
 	} else if err != nil {
@@ -185,7 +185,7 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 	if err != nil {
 		return res, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // every commit was synced: Close loses nothing
 	meta, _, err := ix.Meta()
 	if err != nil {
 		return res, err
@@ -240,7 +240,7 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	}
 	defer func() {
 		if ix != nil {
-			ix.Close()
+			_ = ix.Close()
 		}
 	}()
 	err = ix.Init(checkpoint.Meta{

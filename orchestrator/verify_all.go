@@ -98,7 +98,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 	if err != nil {
 		return rep, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	total := ds.Len()
 	rep.Shards, rep.Samples = n, total
 
@@ -231,7 +231,7 @@ func loadShard(path string, ds *Dataset, cfg *configs.Config, i, n int) ([]check
 	if err != nil {
 		return nil, checkpoint.Meta{}, "", err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }()
 	meta, ok, err := ix.Meta()
 	if err != nil {
 		return nil, meta, "", err

@@ -118,12 +118,12 @@ func Vocab(ctx context.Context, cfg *configs.Config) (VocabReport, error) {
 	if err != nil {
 		return VocabReport{}, err
 	}
-	defer ds.Close()
+	defer func() { _ = ds.Close() }()
 	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: 2 * time.Second})
 	if err != nil {
 		return VocabReport{}, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }()
 	meta, ok, err := ix.Meta()
 	if err != nil {
 		return VocabReport{}, err

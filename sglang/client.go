@@ -99,7 +99,7 @@ func giveUp(resp *http.Response, err error, tries int) (*http.Response, error) {
 
 // statusError reads and closes resp's body and wraps its message.
 func statusError(resp *http.Response) *StatusError {
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 	return &StatusError{Method: resp.Request.Method, Path: resp.Request.URL.Path, Status: resp.StatusCode, Message: serverMessage(raw)}
 }
@@ -215,7 +215,7 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	if resp.StatusCode/100 != 2 {
 		return statusError(resp)
 	}
-	defer resp.Body.Close()
+	defer func() { _ = resp.Body.Close() }()
 	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
 		return fmt.Errorf("%s %s: decode answer: %w", method, path, err)
 	}
@@ -241,7 +241,7 @@ func (c *Client) HealthGenerate(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("health probe %s: %w", c.base, statusError(resp))
 	}
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return nil
 }
 

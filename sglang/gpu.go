@@ -91,7 +91,7 @@ func (g *GPUInspector) Inspect(indices []int) GPUReport {
 		rep.Reason = "NVML unavailable: " + describeInitError(ret)
 		return rep
 	}
-	defer g.lib.Shutdown()
+	defer func() { _ = g.lib.Shutdown() }()
 	rep.Available = true
 	if v, ret := g.lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		rep.Driver = v

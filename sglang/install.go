@@ -115,7 +115,7 @@ func InspectInstall(ctx context.Context, python string, env []string, hookDir st
 		if err != nil {
 			return f, fmt.Errorf("install the dump hook for the probe: %w", err)
 		}
-		defer os.RemoveAll(tmp)
+		defer func() { _ = os.RemoveAll(tmp) }()
 		if err := InstallHook(tmp); err != nil {
 			return f, err
 		}
@@ -344,7 +344,7 @@ func fileSHA256(path string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer fh.Close()
+	defer func() { _ = fh.Close() }()
 	h := sha256.New()
 	if _, err := io.Copy(h, fh); err != nil {
 		return "", fmt.Errorf("hash %s: %w", path, err)

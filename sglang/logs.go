@@ -9,11 +9,12 @@ import (
 // logKeep is how many old server logs are kept beside the current one.
 const logKeep = 5
 
-// shiftLogs moves path.1 to path.2 … dropping the oldest, to free path.1.
+// shiftLogs moves path.1 to path.2 … dropping the oldest, to free path.1. A missing
+// older log is the usual case, and a rotation that fails only keeps one more.
 func shiftLogs(path string) {
-	os.Remove(fmt.Sprintf("%s.%d", path, logKeep))
+	_ = os.Remove(fmt.Sprintf("%s.%d", path, logKeep))
 	for i := logKeep - 1; i >= 1; i-- {
-		os.Rename(fmt.Sprintf("%s.%d", path, i), fmt.Sprintf("%s.%d", path, i+1))
+		_ = os.Rename(fmt.Sprintf("%s.%d", path, i), fmt.Sprintf("%s.%d", path, i+1))
 	}
 }
 
@@ -63,14 +64,14 @@ func (m *Manager) TrimLog(max int64) error {
 	if err != nil {
 		return err
 	}
-	defer src.Close()
+	defer func() { _ = src.Close() }()
 	shiftLogs(path)
 	dst, err := os.Create(path + ".1")
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
+		_ = dst.Close()
 		return fmt.Errorf("copy server log %s: %w", path, err)
 	}
 	if err := dst.Close(); err != nil {

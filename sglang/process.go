@@ -255,7 +255,7 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 	if err != nil {
 		return nil, err
 	}
-	defer logf.Close()
+	defer func() { _ = logf.Close() }() // the child logs through its own copy; ours wrote one banner
 	started := time.Now()
 	fmt.Fprintf(logf, "\n=== extract: launching %s server at %s: %q\n", m.Spec.Kind, started.Format(time.RFC3339), argv)
 	logStart, err := logf.Seek(0, io.SeekEnd)
@@ -355,7 +355,7 @@ func logTail(path string, offset int64) string {
 	if err != nil {
 		return "  (" + err.Error() + ")"
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	const window = 64 << 10
 	if fi, err := f.Stat(); err == nil && fi.Size()-offset > window {
 		offset = fi.Size() - window

@@ -148,7 +148,7 @@ func portHolder(port int) (pid int, cmdline string, timeWait bool) {
 				other["socket:["+fields[9]+"]"] = true
 			}
 		}
-		f.Close()
+		_ = f.Close()
 	}
 	for _, inodes := range []map[string]bool{listen, other} {
 		if pid, cmdline := socketOwner(inodes); pid > 0 {

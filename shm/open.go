@@ -39,11 +39,11 @@ func OpenDump(path string) (*os.File, error) {
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, &os.PathError{Op: "fstat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("staging entry %s was swapped for a non-regular file: %w", path, ErrNotRegular)
 	}
 	return os.NewFile(uintptr(fd), path), nil

@@ -43,7 +43,7 @@ func NewWatcher(dir string, log *slog.Logger) (*Watcher, error) {
 		return nil, fmt.Errorf("fsnotify: %w", err)
 	}
 	if err := fsw.Add(dir); err != nil {
-		fsw.Close()
+		_ = fsw.Close()
 		return nil, fmt.Errorf("watch staging dir %s: %w", dir, err)
 	}
 	return &Watcher{dir: dir, fsw: fsw, log: log, seen: map[string]bool{}}, nil

@@ -98,14 +98,14 @@ func runPrepare(ctx context.Context, cfg *configs.Config, opt prepareOptions, st
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(workDir)
+		defer func() { _ = os.RemoveAll(workDir) }()
 		cfg.Prepare.Workers = 1
 	}
 	tok, err := prepare.NewTokenizer(cfg, workDir, log)
 	if err != nil {
 		return exitCodeError{exitPreflight, err}
 	}
-	defer tok.Close()
+	defer func() { _ = tok.Close() }()
 	if opt.show > 0 {
 		sh, err := prepare.Show(ctx, o, tok, opt.show)
 		if err != nil {

@@ -88,7 +88,7 @@ func Open(path string, opt Options) (*Writer, error) {
 	w := &Writer{path: path, opt: opt, s: sampler{interval: opt.Interval}, f: f}
 	removeTemps(path, opt.Log)
 	if err := w.load(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	w.ops = make(chan op, 64)
@@ -245,7 +245,9 @@ func (w *Writer) write(r Record) {
 			err = atomicfile.Sync(w.f)
 		}
 		if err != nil {
-			w.f.Truncate(w.size)
+			if terr := w.f.Truncate(w.size); terr != nil {
+				err = fmt.Errorf("%w (and cutting it back to %d bytes: %v)", err, w.size, terr)
+			}
 		}
 	}
 	if err != nil {
@@ -298,7 +300,7 @@ func (w *Writer) rewrite(data []byte) error {
 	if err != nil {
 		return fmt.Errorf("reopen: %w", err)
 	}
-	w.f.Close()
+	_ = w.f.Close() // every frame written through it was synced, and its file is replaced
 	w.f, w.size = f, int64(len(data))
 	return nil
 }
@@ -329,7 +331,7 @@ func ReadFile(path string) (Decoded, error) {
 		}
 		return Decoded{}, fmt.Errorf("open history %s: %w", path, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	b, err := readChecked(f, path)
 	if err != nil {
 		return Decoded{}, err

@@ -25,11 +25,11 @@ func OpenRegular(path string) (*os.File, error) {
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, &os.PathError{Op: "stat", Path: path, Err: err}
 	}
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return nil, fmt.Errorf("%s is %s, %w", path, Kind(st.Mode), ErrNotRegular)
 	}
 	return os.NewFile(uintptr(fd), path), nil

@@ -299,7 +299,7 @@ func concat(path string, chunks []Chunk, dir string, refused bool) (string, erro
 				return err
 			}
 			_, err = io.Copy(w, src)
-			src.Close()
+			_ = src.Close()
 			if err != nil {
 				return err
 			}
@@ -316,8 +316,8 @@ func concat(path string, chunks []Chunk, dir string, refused bool) (string, erro
 		return os.Rename(tmp, path)
 	}()
 	if err != nil {
-		f.Close()
-		os.Remove(tmp)
+		_ = f.Close() // the write failed already; the temp name is ours to drop
+		_ = os.Remove(tmp)
 		return "", fmt.Errorf("write %s: %w", path, err)
 	}
 	if err := atomicfile.SyncDir(dir); err != nil {

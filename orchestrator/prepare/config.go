@@ -90,7 +90,7 @@ func IsConversations(cfg *configs.Config) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	return sniff(f), nil
 }
 

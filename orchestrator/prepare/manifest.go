@@ -111,7 +111,7 @@ func hashFile(path string) (string, int64, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	h := sha256.New()
 	n, err := io.CopyBuffer(h, f, make([]byte, 1<<20))
 	if err != nil {
@@ -135,7 +135,7 @@ func openRegular(path string) (*os.File, error) {
 		return nil, err
 	}
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
 	return f, nil

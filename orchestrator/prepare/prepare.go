@@ -201,8 +201,8 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	// The chunks are in the dataset now, and durable there: they would only double the
 	// disk a million conversations take. Without the dataset, a later run prepares again.
 	for _, c := range m.Chunks {
-		os.Remove(chunkPath(o.Dir, c.Index, false))
-		os.Remove(chunkPath(o.Dir, c.Index, true))
+		_ = os.Remove(chunkPath(o.Dir, c.Index, false))
+		_ = os.Remove(chunkPath(o.Dir, c.Index, true))
 	}
 	sum.Counts = m.Counts
 	return sum, nil
@@ -229,7 +229,7 @@ func run(ctx context.Context, o Options, tok Tokenizer, m *Manifest) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if _, err := f.Seek(start, io.SeekStart); err != nil {
 		return fmt.Errorf("%w: seek %s to %d: %v", ErrBadInput, o.From, start, err)
 	}

@@ -28,7 +28,7 @@ func Show(ctx context.Context, o Options, tok Tokenizer, line int) (Shown, error
 	if err != nil {
 		return Shown{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	s := conversation.NewScanner(f, o.Format, o.MaxLineBytes, 0, 1)
 	for {
 		l, err := s.Next()

@@ -42,12 +42,12 @@ func writeDump(cfg Config, rid string, ids []int64) error {
 		return fmt.Errorf("create dump for rid %s: %w", rid, err)
 	}
 	if err := writeBody(f, header, cfg, ids); err != nil {
-		f.Close()
-		os.Remove(partial)
+		_ = f.Close()
+		_ = os.Remove(partial)
 		return fmt.Errorf("write dump %s: %w", partial, err)
 	}
 	if err := f.Close(); err != nil {
-		os.Remove(partial)
+		_ = os.Remove(partial)
 		return fmt.Errorf("close dump %s: %w", partial, err)
 	}
 	if err := os.Rename(partial, final); err != nil {
@@ -124,7 +124,7 @@ func removeDeadMarkers(dir string) {
 			continue
 		}
 		if !alive(pid) {
-			os.Remove(m)
+			_ = os.Remove(m)
 		}
 	}
 }

@@ -184,7 +184,7 @@ func Listen(cfg Config, log *slog.Logger) (*Server, error) {
 	}
 	marker, err := writeMarker(cfg)
 	if err != nil {
-		ln.Close()
+		_ = ln.Close()
 		return nil, err
 	}
 	s := &Server{cfg: cfg, log: log, ln: ln, readyAt: time.Now().Add(cfg.StartupDelay), hung: make(chan struct{}), marker: marker}
@@ -230,7 +230,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	defer cancel()
 	err := srv.Shutdown(shutdownCtx)
 	s.late.Wait()
-	os.Remove(s.marker)
+	_ = os.Remove(s.marker)
 	s.log.Info("simulator stopped", "addr", s.Addr(), "completed", s.completed.Load())
 	if err != nil {
 		return fmt.Errorf("simulator shutdown on %s: %w", s.Addr(), err)

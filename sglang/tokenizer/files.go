@@ -77,7 +77,7 @@ func hashInto(h io.Writer, path, name string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	fmt.Fprintf(h, "%s\n", name)
 	if _, err := io.Copy(h, f); err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
@@ -92,7 +92,7 @@ func openRegular(path string) (*os.File, error) {
 		return nil, err
 	}
 	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
-		f.Close()
+		_ = f.Close()
 		return nil, fmt.Errorf("%s is not a regular file", path)
 	}
 	return f, nil
@@ -104,7 +104,7 @@ func readConfig(path string) (map[string]json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	b, err := io.ReadAll(io.LimitReader(f, 64<<20))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
@@ -171,7 +171,7 @@ func Check(dir, templateFile string, trustRemoteCode bool) error {
 			if f, err := openRegular(filepath.Join(dir, n)); err != nil {
 				return fmt.Errorf("tokenizer folder %s: %w", dir, err)
 			} else {
-				f.Close()
+				_ = f.Close()
 			}
 		}
 	}
@@ -188,7 +188,7 @@ func Check(dir, templateFile string, trustRemoteCode bool) error {
 		if err != nil {
 			return fmt.Errorf("prepare.chat_template: %w", err)
 		}
-		f.Close()
+		_ = f.Close()
 		return nil
 	}
 	if _, ok := tc["chat_template"]; !ok && !have["chat_template.jinja"] && !have["chat_template.json"] {

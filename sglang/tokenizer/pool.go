@@ -211,7 +211,7 @@ func startProc(ctx context.Context, cfg Config, path string, hello []byte, i int
 		return nil, Ready{}, fmt.Errorf("start the prepare worker in %s: %w", cfg.Python, err)
 	}
 	pr := &proc{cmd: cmd, stdin: stdin, out: bufio.NewReaderSize(stdout, 1<<20), stderr: tail, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(pr.done) }()
+	go func() { _ = cmd.Wait(); close(pr.done) }() // an exit shows to call as EOF, with stderr's tail
 	var r Ready
 	err = pr.call(ctx, hello, &r)
 	if err == nil && r.Error != "" {
@@ -230,7 +230,7 @@ func startProc(ctx context.Context, cfg Config, path string, hello []byte, i int
 func (pr *proc) call(ctx context.Context, req []byte, v any) error {
 	pr.mu.Lock()
 	defer pr.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { pr.cmd.Process.Kill() })
+	stop := context.AfterFunc(ctx, func() { _ = pr.cmd.Process.Kill() })
 	defer stop()
 	if _, err := pr.stdin.Write(append(req, '\n')); err != nil {
 		return pr.failed(ctx, fmt.Errorf("write to the worker: %w", err))
@@ -240,7 +240,7 @@ func (pr *proc) call(ctx context.Context, req []byte, v any) error {
 		chunk, err := pr.out.ReadSlice('\n')
 		line = append(line, chunk...)
 		if len(line) > maxReply {
-			pr.cmd.Process.Kill()
+			_ = pr.cmd.Process.Kill()
 			return fmt.Errorf("the worker's answer is over %d bytes", maxReply)
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
@@ -386,11 +386,11 @@ func (p *Pool) stopAll() {
 		if pr == nil {
 			continue
 		}
-		pr.stdin.Close()
+		_ = pr.stdin.Close()
 		select {
 		case <-pr.done:
 		case <-timeAfter():
-			pr.cmd.Process.Kill()
+			_ = pr.cmd.Process.Kill()
 			<-pr.done
 		}
 	}
