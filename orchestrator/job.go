@@ -183,6 +183,8 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
 			DecodeDelay:     s.Simulator.DecodeDelay,
 			RequestLog:      s.Simulator.RequestLog,
+			GenReplyTokens:  s.Simulator.ReplyTokens, GenEmptyEvery: s.Simulator.EmptyEvery,
+			GenThinkEvery: s.Simulator.ThinkEvery, CrashOnRID: s.Simulator.CrashOnRID,
 		},
 		Transformers: transformersSpec(cfg),
 	}

@@ -63,6 +63,9 @@ type SimulatorSpec struct {
 	LateDumpDelay   time.Duration
 	DecodeDelay     time.Duration
 	RequestLog      string
+	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
+	GenReplyTokens, GenEmptyEvery, GenThinkEvery int
+	CrashOnRID                                   []string
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -212,6 +215,10 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
 			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
+			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
+			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
+			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},
+			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
 		} {
 			if f.set {
 				argv = append(argv, f.name, f.val)
