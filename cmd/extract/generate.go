@@ -143,4 +143,3 @@ func printGenerateReport(w io.Writer, r generate.Report) {
 		fmt.Fprintf(w, "  line %d id %q %s flags %v %s\n", l.Line, l.ID, l.State, l.Flags, l.Reason)
 	}
 }
-

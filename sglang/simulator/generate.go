@@ -13,7 +13,8 @@ import (
 // written for protocol v1 rids "s…") is answered by Reply: the content is a function of
 // the prompt ids and the seed only, so a resent request gets the same reply.
 //
-//	h     = SplitMix64 finalizer over (seed, then each prompt id in order), see replyHash
+//	h     = mix(seed XOR golden), then h = mix((h XOR id) + golden) for each prompt id,
+//	        mix being SplitMix64's finalizer and golden 0x9e3779b97f4a7c15 (values.go)
 //	empty = EmptyEvery > 0 and (h>>32) % EmptyEvery == 0: the content is empty
 //	think = ThinkEvery > 0 and (h>>40) % ThinkEvery == 0: the content starts "<think>\n"
 //	n     = 1 + h % ReplyTokens content bytes, each from replyAlphabet by a 64-bit LCG
@@ -36,7 +37,7 @@ type GenConfig struct {
 func replyHash(prompt []int64, seed int64) uint64 {
 	h := mix(uint64(seed) ^ golden)
 	for _, id := range prompt {
-		h = mix(h ^ uint64(id) + golden)
+		h = mix((h ^ uint64(id)) + golden)
 	}
 	return h
 }
