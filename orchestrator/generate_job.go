@@ -221,3 +221,38 @@ func newRenderer(cfg *configs.Config, log *slog.Logger) (generate.Renderer, func
 	}
 	return nil, nil, fmt.Errorf("%w: generate for server.kind %s needs the tokenizer renderer (not built yet)", ErrPreflight, cfg.Server.Kind)
 }
+
+// runGenerate is the run's first stage with generate.enabled: the conversations
+// regenerated (or resumed) under the run lock into generate.to, which the run then
+// extracts as is (it holds input_ids and loss_mask). The servers stay up for the
+// extraction, which adopts them.
+func runGenerate(ctx context.Context, cfg *configs.Config, opt RunOptions) (string, error) {
+	if cfg.Shard.Sharded() {
+		return "", fmt.Errorf("%w: generate.enabled with a sharded run: each shard would extract a file of its own lines only; run `extract generate --shard i/n` per task, concatenate the parts in shard order, and extract that", ErrRefused)
+	}
+	if err := makeJobDirs(cfg); err != nil {
+		return "", err
+	}
+	lock, err := AcquireLock(cfg.StateDir, "run")
+	var held *HeldError
+	if errors.As(err, &held) && held.Holder.IsRun() {
+		return "", errPrepareHeld{held.Holder.PID}
+	}
+	if errors.As(err, &held) {
+		return "", fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, held.Holder, held.Path)
+	}
+	if err != nil {
+		return "", err
+	}
+	defer lock.Release()
+	sum, err := generateLocked(ctx, cfg, GenerateOptions{From: cfg.Dataset, Resume: opt.Resume, Fresh: opt.Fresh, KeepServers: true, Executable: opt.Executable, Log: opt.Log})
+	if err != nil {
+		return "", fmt.Errorf("generate: %w", err)
+	}
+	opt.Log.Info("generate: conversations regenerated", "conversations", cfg.Dataset, "output", sum.Output, "done", sum.Done,
+		"dropped", sum.Dropped, "failed", sum.Failed, "generated_tokens", sum.Generated, "already_done", sum.AlreadyDone)
+	if sum.Done == 0 {
+		return "", fmt.Errorf("%w: generate kept no conversation of %s (%d dropped, %d failed); see `extract generate --report`", ErrBadDataset, cfg.Dataset, sum.Dropped, sum.Failed)
+	}
+	return sum.Output, nil
+}

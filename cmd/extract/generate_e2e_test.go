@@ -71,7 +71,7 @@ type genExpect struct {
 }
 
 // expect regenerates c by the contract: each assistant turn from the contract's prompt
-// of the regenerated history; an empty reply is sent again with the next seed (the
+// of the regenerated history; an empty reply (none, or only whitespace) is sent again with the next seed (the
 // default on_empty: retry) and the conversation dropped once max_attempts are spent.
 func (g genContract) expect(c convCase) genExpect {
 	var hist [][2]string
@@ -93,11 +93,11 @@ func (g genContract) expect(c convCase) genExpect {
 		text := ""
 		for a := range g.maxAttempts {
 			text, _ = g.reply(prompt, g.seed+int64(a))
-			if text != "" {
+			if strings.TrimSpace(text) != "" {
 				break
 			}
 		}
-		if text == "" {
+		if strings.TrimSpace(text) == "" {
 			return genExpect{id: c.id, dropped: true}
 		}
 		hist = append(hist, [2]string{"assistant", text})
