@@ -126,6 +126,8 @@ type Simulator struct {
 	EmptyEvery  int      `mapstructure:"empty_every"`
 	ThinkEvery  int      `mapstructure:"think_every"`
 	CrashOnRID  []string `mapstructure:"crash_on_rid"`
+	// ContextLength refuses a longer generation prompt with 400 (0: no bound).
+	ContextLength int `mapstructure:"context_length"`
 }
 
 // Run tunes the pipeline.

@@ -94,8 +94,8 @@ func (c *Config) checkGenerate() []error {
 		}
 	}
 	s := c.Server.Simulator
-	if s.ReplyTokens < 0 || s.ReplyTokens > 1<<20 || s.EmptyEvery < 0 || s.ThinkEvery < 0 {
-		bad("server.simulator.reply_tokens", "reply_tokens (0: 24), empty_every and think_every must not be negative")
+	if s.ReplyTokens < 0 || s.ReplyTokens > 1<<20 || s.EmptyEvery < 0 || s.ThinkEvery < 0 || s.ContextLength < 0 {
+		bad("server.simulator.reply_tokens", "reply_tokens (0: 24), empty_every, think_every and context_length must not be negative")
 	}
 	return errs
 }

@@ -185,6 +185,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			RequestLog:      s.Simulator.RequestLog,
 			GenReplyTokens:  s.Simulator.ReplyTokens, GenEmptyEvery: s.Simulator.EmptyEvery,
 			GenThinkEvery: s.Simulator.ThinkEvery, CrashOnRID: s.Simulator.CrashOnRID,
+			GenContextLength: s.Simulator.ContextLength,
 		},
 		Transformers: transformersSpec(cfg),
 	}

@@ -64,8 +64,8 @@ type SimulatorSpec struct {
 	DecodeDelay     time.Duration
 	RequestLog      string
 	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
-	GenReplyTokens, GenEmptyEvery, GenThinkEvery int
-	CrashOnRID                                   []string
+	GenReplyTokens, GenEmptyEvery, GenThinkEvery, GenContextLength int
+	CrashOnRID                                                     []string
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -218,6 +218,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
 			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
 			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},
+			{"--gen-context-length", sim.GenContextLength != 0, strconv.Itoa(sim.GenContextLength)},
 			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
 		} {
 			if f.set {

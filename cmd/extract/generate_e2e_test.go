@@ -36,6 +36,7 @@ type genContract struct {
 	emptyEvery  int
 	maxNew      int
 	maxAttempts int
+	ctxLen      int // server.simulator.context_length: a longer prompt is refused (400)
 }
 
 // reply is the content the simulator generates for prompt with seed, cut at maxNew.
@@ -68,6 +69,7 @@ type genExpect struct {
 	turns   [][2]string
 	sample  sample
 	dropped bool
+	failed  bool // a prompt past ctxLen: the server refuses it every time
 }
 
 // expect regenerates c by the contract: each assistant turn from the contract's prompt
@@ -89,6 +91,9 @@ func (g genContract) expect(c convCase) genExpect {
 		prompt := append(contractTokens(hist).ids, 1)
 		for _, b := range []byte("assistant\n") {
 			prompt = append(prompt, int64(b)+3)
+		}
+		if g.ctxLen > 0 && len(prompt) > g.ctxLen {
+			return genExpect{id: c.id, failed: true}
 		}
 		text := ""
 		for a := range g.maxAttempts {
@@ -142,7 +147,7 @@ func checkGenerated(t *testing.T, got []genLine, want []genExpect) {
 	t.Helper()
 	var keep []genExpect
 	for _, w := range want {
-		if !w.dropped {
+		if !w.dropped && !w.failed {
 			keep = append(keep, w)
 		}
 	}
@@ -195,6 +200,7 @@ func newGenerateJob(t *testing.T, n int, g genContract) (*job, []convCase, []gen
 		fmt.Sprintf("EXTRACT_GENERATE_MAX_ATTEMPTS=%d", g.maxAttempts),
 		fmt.Sprintf("EXTRACT_SERVER_SIMULATOR_REPLY_TOKENS=%d", g.replyTokens),
 		fmt.Sprintf("EXTRACT_SERVER_SIMULATOR_EMPTY_EVERY=%d", g.emptyEvery),
+		fmt.Sprintf("EXTRACT_SERVER_SIMULATOR_CONTEXT_LENGTH=%d", g.ctxLen),
 		"EXTRACT_GENERATE_MAX_INFLIGHT=8",
 	)
 	return j, cases, want

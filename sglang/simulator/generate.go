@@ -2,6 +2,7 @@ package simulator
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"os"
 	"strings"
@@ -31,6 +32,9 @@ type GenConfig struct {
 	ReplyTokens int // most content bytes of a reply (default 24)
 	EmptyEvery  int // about one reply in EmptyEvery is empty (0: none)
 	ThinkEvery  int // about one reply in ThinkEvery carries a think marker (0: none)
+	// ContextLength refuses a longer prompt with 400, as SGLang refuses one past the
+	// model's context (0: no bound).
+	ContextLength int
 }
 
 // replyHash is h of the contract above.
@@ -110,6 +114,10 @@ func (s *Server) answerGeneration(w http.ResponseWriter, r *http.Request, req *g
 	if s.crashes(req.RID) {
 		s.log.Info("injected fault: a poison prompt kills the server", "rid", req.RID)
 		exitNow(3)
+	}
+	if c := s.cfg.Gen.ContextLength; c > 0 && len(ids) > c {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("The input (%d tokens) is longer than the model's context length (%d tokens).", len(ids), c))
+		return
 	}
 	if err := s.prefill(r.Context(), len(ids)); err != nil {
 		return

@@ -97,6 +97,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 24, "most content bytes of a generated reply")
 	fs.IntVar(&c.Gen.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
 	fs.IntVar(&c.Gen.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
+	fs.IntVar(&c.Gen.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
 	fs.StringSliceVar(&c.CrashOnRID, "crash-on-rid", nil, "fault: exit with status 3 when a generation rid with this prefix arrives")
 }
 
@@ -134,7 +135,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.Gen.ReplyTokens < 0 || c.Gen.EmptyEvery < 0 || c.Gen.ThinkEvery < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.Gen.ReplyTokens < 0 || c.Gen.EmptyEvery < 0 || c.Gen.ThinkEvery < 0 || c.Gen.ContextLength < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {
