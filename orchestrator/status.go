@@ -18,6 +18,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator/generate"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -55,6 +56,8 @@ type Status struct {
 	OutputDir        string           `json:"output_dir"`
 	StartedAt        *time.Time       `json:"started_at,omitempty"`
 	UpdatedAt        time.Time        `json:"updated_at"`
+	// Generate is the generate stage (extract generate, generate.enabled), when one ran.
+	Generate *generate.Status `json:"generate,omitempty"`
 }
 
 // ServerStatus describes one server (replica) the run drives.

@@ -127,6 +127,16 @@ func generateBar(s generate.Status) string {
 	return fmt.Sprintf("generate %d/%d (%d dropped, %d failed) %.0f tok/s %.1f conv/s ETA %s", fin, s.Total, s.Dropped, s.Failed, s.TokensPerSecond, s.ConversationsPerSecond, eta)
 }
 
+// generateLine is the generate stage in status: counts, rate, ETA.
+func generateLine(s generate.Status) string {
+	line := fmt.Sprintf("generate:  %s, %d / %d conversations done, %d dropped, %d failed, %d pending; %d tokens generated",
+		s.State, s.Done, s.Total, s.Dropped, s.Failed, s.Pending, s.GeneratedTokens)
+	if s.State == "running" {
+		line += fmt.Sprintf("; %.0f tokens/s, %.2f conversations/s", s.TokensPerSecond, s.ConversationsPerSecond)
+	}
+	return line
+}
+
 func printGenerateReport(w io.Writer, r generate.Report) {
 	fmt.Fprintf(w, "generate: %d conversations: %d done, %d dropped, %d failed, %d pending; %d tokens generated in %d requests\n",
 		r.Total, r.Done, r.Dropped, r.Failed, r.Pending, r.Generated, r.Requests)

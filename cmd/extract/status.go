@@ -45,6 +45,7 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 		if err != nil {
 			return err
 		}
+		st.Generate = orchestrator.GenerateStatus(cfg.StateDir)
 		if asJSON {
 			if err := printJSON(out, st); err != nil {
 				return err
@@ -111,6 +112,9 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 	}
 	for reason, n := range st.Rejected {
 		fmt.Fprintf(w, "rejected:  %d %s\n", n, reason)
+	}
+	if st.Generate != nil {
+		fmt.Fprintln(w, generateLine(*st.Generate))
 	}
 	fmt.Fprintf(w, "output:    %s\n", st.OutputDir)
 }

@@ -65,5 +65,13 @@ func printStatusAll(w io.Writer, js orchestrator.JobStatus) {
 			r.Done, r.Total, r.Failed, r.Pending, configs.ByteSize(r.BytesWritten), r.SamplesPerSecond, pid, r.Source)
 	}
 	tw.Flush()
+	if js.Generate != nil {
+		fmt.Fprintf(w, "%s\n", generateLine(*js.Generate))
+		for _, r := range js.PerShard {
+			if r.Generate != nil {
+				fmt.Fprintf(w, "  shard %d/%d %s\n", r.Shard, js.Shards, generateLine(*r.Generate))
+			}
+		}
+	}
 	fmt.Fprintf(w, "output:    %s\n", js.OutputDir)
 }
