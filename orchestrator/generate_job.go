@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/extract-dev/extract/internal/conversation"
 	"github.com/extract-dev/extract/orchestrator/generate"
 	"github.com/extract-dev/extract/sglang"
+	"github.com/extract-dev/extract/sglang/tokenizer"
 )
 
 // GenerateOptions are extract generate's choices.
@@ -122,7 +124,7 @@ func generateOptions(cfg *configs.Config, opt GenerateOptions) (generate.Options
 	temp, topP, topK := g.Temperature, g.TopP, g.TopK
 	params := sglang.SampleParams{MaxNewTokens: g.MaxNewTokens, Temperature: &temp, TopP: &topP, TopK: &topK, Seed: &seed}
 	stop := map[int64]bool{}
-	for _, id := range renderer.EndOfTurn() {
+	for id := range renderer.EndOfTurn() {
 		stop[id] = true
 	}
 	for _, id := range g.StopTokenIDs {
@@ -219,7 +221,48 @@ func newRenderer(cfg *configs.Config, log *slog.Logger) (generate.Renderer, func
 	if cfg.Server.Kind == sglang.KindSimulator {
 		return generate.SimRenderer{}, func() {}, nil
 	}
-	return nil, nil, fmt.Errorf("%w: generate for server.kind %s needs the tokenizer renderer (not built yet)", ErrPreflight, cfg.Server.Kind)
+	var env []string
+	for k, v := range cfg.Server.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	kwargs := map[string]any{}
+	for k, v := range cfg.Generate.ChatTemplateKwargs {
+		switch v {
+		case "true":
+			kwargs[k] = true
+		case "false":
+			kwargs[k] = false
+		default:
+			kwargs[k] = v
+		}
+	}
+	switch cfg.Generate.Thinking {
+	case "on":
+		kwargs["enable_thinking"] = true
+	case "off":
+		kwargs["enable_thinking"] = false
+	}
+	workers := cfg.Prepare.Workers
+	if workers == 0 {
+		workers = min(runtime.NumCPU(), 4)
+	}
+	pool, err := tokenizer.New(tokenizer.Config{
+		Python: cfg.Server.Python, Env: env, Tokenizer: cfg.TokenizerPath(), TemplateFile: cfg.Prepare.ChatTemplate,
+		TrustRemoteCode: cfg.Prepare.TrustRemoteCode, Mask: "prefix", EndOfTurn: cfg.Prepare.EndOfTurn,
+		EndOfTurnTokens: cfg.Prepare.EndOfTurnTokens, TemplateKwargs: kwargs, Workers: workers,
+		WorkDir: filepath.Join(GenerateDir(cfg), ".worker"), Log: log,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
+	}
+	eot, err := pool.EndOfTurnTexts(context.Background())
+	if err != nil {
+		pool.Close()
+		return nil, nil, fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
+	}
+	tok, tmpl := pool.Identity()
+	return generate.PoolRenderer{Pool: pool, EOT: eot, ID: tok + "/" + tmpl}, func() { pool.Close() }, nil
 }
 
 // runGenerate is the run's first stage with generate.enabled: the conversations

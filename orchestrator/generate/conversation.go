@@ -25,7 +25,7 @@ func (j *job) conversation(ctx context.Context, w work) *Record {
 		rec.State, rec.Reason = Failed, fmt.Sprintf(format, a...)
 		return rec
 	}
-	b := builder{eot: j.eot, endOfTurn: j.o.EndOfTurn}
+	b := builder{r: j.o.Renderer, tools: c.Tools, endOfTurn: j.o.EndOfTurn}
 	msgs := trimToLastAssistant(c.Messages)
 	var out []conversation.Message
 	for i, m := range msgs {
@@ -33,17 +33,13 @@ func (j *job) conversation(ctx context.Context, w work) *Record {
 			out = append(out, m)
 			continue
 		}
-		prompt, err := j.o.Renderer.Prompt(ctx, out, c.Tools)
-		if err != nil {
+		if err := b.next(ctx, out, i); err != nil {
 			if ctx.Err() != nil {
 				return nil
 			}
-			return fail("template_error: turn %d: %v", i, err)
+			return fail("%v", err)
 		}
-		if err := b.extend(prompt, i); err != nil {
-			return fail("not_a_token_prefix: %v", err)
-		}
-		resp, act, err := j.turn(ctx, w.sample, i, prompt, rec)
+		resp, act, err := j.turn(ctx, w.sample, i, b.ids, rec)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -54,18 +50,14 @@ func (j *job) conversation(ctx context.Context, w work) *Record {
 			rec.State, rec.Reason = Dropped, fmt.Sprintf("turn %d: %s", i, joinFlags(rec.Flags))
 			return rec
 		}
-		b.reply(resp.OutputIDs)
 		out = append(out, conversation.Message{Role: conversation.Assistant, Content: resp.Text})
+		b.reply(resp.OutputIDs, resp.Text, len(out))
 	}
-	full, err := j.o.Renderer.Full(ctx, out, c.Tools)
-	if err != nil {
+	if _, err := b.close(ctx, out, len(msgs)); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fail("template_error: %v", err)
-	}
-	if err := b.extend(full, len(msgs)); err != nil {
-		return fail("not_a_token_prefix: %v", err)
+		return fail("%v", err)
 	}
 	rec.State, rec.Messages, rec.Tools, rec.InputIDs, rec.LossMask = Done, out, c.Tools, b.ids, b.mask
 	return rec

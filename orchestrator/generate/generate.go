@@ -200,7 +200,7 @@ func generateMissing(ctx context.Context, o Options, ix *index, fin map[int]Stat
 		return err
 	}
 	j := &job{o: o, ix: ix, pool: newPool(o.Replicas, o.MaxRestarts, o.RestartWindow, o.Log), eot: map[int64]bool{}, deaths: deaths}
-	for _, id := range o.Renderer.EndOfTurn() {
+	for id := range o.Renderer.EndOfTurn() {
 		j.eot[id] = true
 	}
 	j.prog = newProgress(hi-lo, hi-lo-missing, o)
