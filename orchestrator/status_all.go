@@ -61,7 +61,7 @@ type ShardStatus struct {
 	Error            string    `json:"error,omitempty"`
 	// Generate is the shard's generate stage, when one ran.
 	Generate *generate.Status `json:"generate,omitempty"`
-	dataset          int       // the dataset's size as the shard knows it; 0 unknown
+	dataset  int              // the dataset's size as the shard knows it; 0 unknown
 }
 
 // liveTimeout bounds asking a running shard on this host: status --all must answer in
