@@ -251,6 +251,16 @@ func TestGenerateOnTheSimulatorWritesTheContractsRepliesInOrder(t *testing.T) {
 	if report.Flags["length"] == 0 {
 		t.Fatalf("no reply was flagged cut at max_new_tokens: %+v", report)
 	}
+	var st struct {
+		Generate *struct {
+			State                string
+			Total, Done, Pending int
+		}
+	}
+	if r := j.run("status", "--json"); json.Unmarshal([]byte(r.stdout), &st) != nil || st.Generate == nil ||
+		st.Generate.State != "complete" || st.Generate.Total != 120 || st.Generate.Done != len(want)-dropped || st.Generate.Pending != 0 {
+		t.Fatalf("status --json after generate: %s%s", r.stdout, r.stderr)
+	}
 	// Again: nothing is sent, the output is the same.
 	before := j.generationRequests()
 	if r := j.run("generate", "--resume", "--to", j.generated()); r.code != 0 || !strings.Contains(r.stdout, "already generated") {

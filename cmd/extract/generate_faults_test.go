@@ -56,6 +56,25 @@ func TestGenerateOnThreeReplicasWithOneKilledFinishesExact(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	// Live: the running generate's figures, not the index's (which it holds).
+	for {
+		var st struct {
+			Generate *struct {
+				State    string
+				PID      int
+				Requests int
+			}
+		}
+		r := j.run("status", "--json")
+		if json.Unmarshal([]byte(r.stdout), &st) == nil && st.Generate != nil && st.Generate.State == "running" && st.Generate.PID == cmd.Process.Pid && st.Generate.Requests > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			t.Fatalf("status --json never showed the running generate: %s%s", r.stdout, r.stderr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	var rec struct {
 		PID int `json:"pid"`
 	}
