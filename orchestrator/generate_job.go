@@ -158,6 +158,7 @@ func generateOptions(cfg *configs.Config, opt GenerateOptions) (generate.Options
 		MaxInflight: g.MaxInflight, MaxAttempts: g.MaxAttempts, IsolateAfterDeaths: cfg.Server.IsolateAfterDeaths,
 		MaxRestarts: cfg.Server.MaxRestarts, RestartWindow: cfg.Server.RestartWindow,
 		OptionsText: generateOptionsText(cfg), Fresh: opt.Fresh, Resume: opt.Resume, Log: opt.Log, OnStatus: opt.OnStatus,
+		Listen: cfg.Status.Listen,
 	}
 	if cfg.Shard.Sharded() {
 		o.Span = func(lines int) (int, int) { return ShardRange(lines, cfg.Shard.Index, cfg.Shard.Count) }

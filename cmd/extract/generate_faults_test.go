@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -63,10 +65,20 @@ func TestGenerateOnThreeReplicasWithOneKilledFinishesExact(t *testing.T) {
 				State    string
 				PID      int
 				Requests int
+				Addr     string
 			}
 		}
 		r := j.run("status", "--json")
 		if json.Unmarshal([]byte(r.stdout), &st) == nil && st.Generate != nil && st.Generate.State == "running" && st.Generate.PID == cmd.Process.Pid && st.Generate.Requests > 0 {
+			resp, err := http.Get("http://" + st.Generate.Addr + "/metrics")
+			if err != nil {
+				t.Fatalf("the running generate's metrics at %q: %v", st.Generate.Addr, err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(b), "extract_generate_tokens_per_second") || !strings.Contains(string(b), `extract_generate_server_up{replica="2"} 1`) {
+				t.Fatalf("metrics lack the generate series:\n%s", b)
+			}
 			break
 		}
 		if time.Now().After(deadline) {

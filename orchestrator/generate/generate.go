@@ -65,6 +65,8 @@ type Options struct {
 	Resume      bool
 	Log         *slog.Logger
 	OnStatus    func(Status)
+	// Listen is status.listen: /status and /metrics while generating ("" none).
+	Listen string
 }
 
 // Summary is what Run did.
@@ -251,7 +253,17 @@ func generateMissing(ctx context.Context, o Options, ix *index, fin map[int]Stat
 	go func() { workers.Wait(); close(recs); close(workDone) }()
 	commitErr := make(chan error, 1)
 	go func() { commitErr <- j.commitLoop(recs) }()
-	stopTick := j.prog.tick(ctx, j.pool)
+	var ep *endpoint
+	if o.Listen != "" {
+		if ep, err = startEndpoint(o.Listen); err != nil {
+			o.Log.Warn("generate: no live endpoint", "err", err)
+			ep = nil
+		} else {
+			defer ep.close()
+			o.Log.Info("generate: live status and metrics", "addr", ep.addr)
+		}
+	}
+	stopTick := j.prog.tick(ctx, j.pool, ep)
 	err = g.Wait()
 	cerr := <-commitErr // every record sent is committed before Run returns
 	stopTick()

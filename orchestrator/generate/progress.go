@@ -28,7 +28,9 @@ type Status struct {
 	ETASeconds             float64        `json:"eta_seconds"`
 	Flags                  map[string]int `json:"flags,omitempty"`
 	Replicas               []string       `json:"replicas,omitempty"`
-	Updated                time.Time      `json:"updated"`
+	// Addr is the live /status and /metrics endpoint (status.listen), while running.
+	Addr    string    `json:"addr,omitempty"`
+	Updated time.Time `json:"updated"`
 }
 
 // StatusName is the snapshot a running generate rewrites every second in its dir.
@@ -123,12 +125,16 @@ func (p *progress) snapshot(state string, reps []string) Status {
 
 // tick publishes the status every second (OnStatus, and the snapshot file status
 // reads while the run holds the lock) until the returned stop is called.
-func (p *progress) tick(ctx context.Context, pl *pool) (stop func()) {
+func (p *progress) tick(ctx context.Context, pl *pool, ep *endpoint) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	publish := func(state string) {
 		s := p.snapshot(state, pl.states())
+		if ep != nil {
+			s.Addr = ep.addr
+			ep.set(s)
+		}
 		if p.o.OnStatus != nil {
 			p.o.OnStatus(s)
 		}
