@@ -157,6 +157,7 @@ func generateOptions(cfg *configs.Config, opt GenerateOptions) (generate.Options
 		Params: params, Rules: rules, EndOfTurn: cfg.Prepare.EndOfTurn == "include",
 		MaxInflight: g.MaxInflight, MaxAttempts: g.MaxAttempts, IsolateAfterDeaths: cfg.Server.IsolateAfterDeaths,
 		MaxRestarts: cfg.Server.MaxRestarts, RestartWindow: cfg.Server.RestartWindow,
+		Health:      generate.Health{Interval: cfg.Server.HealthInterval, Timeout: cfg.Server.HealthTimeout, Failures: cfg.Server.HealthFailures},
 		OptionsText: generateOptionsText(cfg), Fresh: opt.Fresh, Resume: opt.Resume, Log: opt.Log, OnStatus: opt.OnStatus,
 		Listen: cfg.Status.Listen,
 	}

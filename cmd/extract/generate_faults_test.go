@@ -162,3 +162,22 @@ func TestGenerateRefusedPromptsFailWithTheServersReasonAndThePoisonAfterBoundedD
 		t.Fatalf("the poison conversation was sent %d times, want 3 (2 deaths in company, 1 alone)", sent)
 	}
 }
+
+func TestAHungServerIsDetectedByItsProbesAndRestartedAndTheGenerateFinishesExact(t *testing.T) {
+	g := genContract{seed: 21, replyTokens: 20, maxNew: 64, maxAttempts: 3}
+	j, _, want := newGenerateJob(t, 40, g)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_HANG_AFTER=30", "EXTRACT_SERVER_HEALTH_INTERVAL=200ms",
+		"EXTRACT_SERVER_HEALTH_TIMEOUT=300ms", "EXTRACT_SERVER_HEALTH_FAILURES=2", "EXTRACT_SERVER_MAX_RESTARTS=6")
+	start := time.Now()
+	r := j.run("generate", "--to", j.generated())
+	if r.code != 0 {
+		t.Fatalf("generate exit %d:\n%s", r.code, r.stderr)
+	}
+	if n := strings.Count(r.stderr, "generate: server hung"); n == 0 {
+		t.Fatalf("no hang was detected:\n%s", r.stderr)
+	}
+	if time.Since(start) > 2*time.Minute {
+		t.Fatalf("took %s: the hung requests waited for their timeout", time.Since(start))
+	}
+	checkGenerated(t, readGenerated(t, j.generated()), want)
+}

@@ -57,6 +57,7 @@ type Options struct {
 	IsolateAfterDeaths int
 	MaxRestarts        int
 	RestartWindow      time.Duration
+	Health             Health
 	// Shard is the span of 0-based lines this run owns: Span(lines) gives [lo, hi).
 	Span func(lines int) (int, int)
 	// OptionsText is the keys that shape the output, for the fingerprint.
@@ -201,7 +202,7 @@ func generateMissing(ctx context.Context, o Options, ix *index, fin map[int]Stat
 	if err != nil {
 		return err
 	}
-	j := &job{o: o, ix: ix, pool: newPool(o.Replicas, o.MaxRestarts, o.RestartWindow, o.Log), eot: map[int64]bool{}, deaths: deaths}
+	j := &job{o: o, ix: ix, pool: newPool(o.Replicas, o.MaxRestarts, o.RestartWindow, o.Health, o.Log), eot: map[int64]bool{}, deaths: deaths}
 	for id := range o.Renderer.EndOfTurn() {
 		j.eot[id] = true
 	}

@@ -47,10 +47,11 @@ type pool struct {
 	log         *slog.Logger
 	maxRestarts int
 	window      time.Duration
+	health      Health
 }
 
-func newPool(reps []Replica, maxRestarts int, window time.Duration, log *slog.Logger) *pool {
-	p := &pool{changed: make(chan struct{}), log: log, maxRestarts: maxRestarts, window: window}
+func newPool(reps []Replica, maxRestarts int, window time.Duration, health Health, log *slog.Logger) *pool {
+	p := &pool{changed: make(chan struct{}), log: log, maxRestarts: maxRestarts, window: window, health: health}
 	for i, r := range reps {
 		p.reps = append(p.reps, &repState{Replica: r, n: i})
 	}
@@ -150,6 +151,46 @@ func (p *pool) states() []string {
 	return out
 }
 
+// Health is server.health_*: a hang is Failures probes of /health_generate in a row
+// failing or timing out, one every Interval.
+type Health struct {
+	Interval, Timeout time.Duration
+	Failures          int
+}
+
+// probe closes hung once r's server fails Failures probes in a row, until ctx ends.
+func (p *pool) probe(ctx context.Context, r *repState, hung chan<- struct{}) {
+	if p.health.Interval <= 0 || p.health.Failures <= 0 {
+		return
+	}
+	t := time.NewTicker(p.health.Interval)
+	defer t.Stop()
+	failed := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, p.health.Timeout)
+		err := r.Client.HealthGenerate(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			failed = 0
+			continue
+		}
+		failed++
+		p.log.Warn("generate: server health probe failed", "replica", r.n, "consecutive", failed, "err", err)
+		if failed >= p.health.Failures {
+			close(hung)
+			return
+		}
+	}
+}
+
 // supervise keeps replica r up until ctx ends: launch or adopt, wait for its exit, end
 // its life's requests, restart after a backoff within server.max_restarts per window.
 func (p *pool) supervise(ctx context.Context, r *repState) error {
@@ -169,8 +210,18 @@ func (p *pool) supervise(ctx context.Context, r *repState) error {
 			p.broadcast()
 			p.mu.Unlock()
 			p.log.Info("generate: server ready", "replica", r.n, "pid", srv.PID, "adopted", srv.Adopted, "url", r.Mgr.Spec.BaseURL())
+			hung := make(chan struct{})
+			go p.probe(lifeCtx, r, hung)
 			select {
 			case <-r.Mgr.Exited():
+			case <-hung:
+				// Its requests would hang until run.request_timeout: end the life now.
+				p.log.Error("generate: server hung: stopping its process group", "replica", r.n, "pid", srv.PID, "failed_probes", p.health.Failures)
+				sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+				if err := r.Mgr.Stop(sctx, 5*time.Second); err != nil {
+					p.log.Warn("generate: stop hung server", "replica", r.n, "err", err)
+				}
+				scancel()
 			case <-ctx.Done():
 				cancel()
 				return nil
