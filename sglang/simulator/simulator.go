@@ -94,7 +94,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
 	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
 	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
-	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 24, "most content bytes of a generated reply")
+	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
 	fs.IntVar(&c.Gen.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
 	fs.IntVar(&c.Gen.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
 	fs.IntVar(&c.Gen.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
