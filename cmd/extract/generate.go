@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -45,7 +46,7 @@ or servers down (worth a retry).`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opt := prepareOptions{from: f.from, to: f.to}
 			if f.to != "" {
-				opt.to = dirOf(f.to)
+				opt.to = filepath.Dir(f.to) // stands in for output_dir without a config
 			}
 			cfg, err := loadForPrepare(cmd, &cf, opt)
 			if err != nil {
@@ -106,15 +107,6 @@ or servers down (worth a retry).`,
 	cmd.Flags().IntVar(&f.worst, "worst", 20, "lines --report lists")
 	cmd.Flags().BoolVar(&f.asJSON, "json", false, "print the summary or report as JSON")
 	return cmd
-}
-
-func dirOf(p string) string {
-	for i := len(p) - 1; i >= 0; i-- {
-		if p[i] == '/' {
-			return p[:i]
-		}
-	}
-	return "."
 }
 
 // generateBar is the TTY line: counts, tokens generated per second, ETA.
