@@ -280,27 +280,35 @@ func TestGenerateKilledAndItsServerKilledFinishesWithEveryConversationOnce(t *te
 	r := rand.New(rand.NewSource(22))
 	sigkills, serverKills := 0, 0
 	for sigkills < *kills || serverKills < 5 {
+		// Each kill lands after a random number of new requests at the simulator (counted
+		// from its log): mid-work however fast or slow the machine is.
+		before := j.generationRequests()
 		cmd, errb, exited := j.startGenerate()
+		waitRequests := func(n int) {
+			deadline := time.Now().Add(2 * time.Minute)
+			for j.generationRequests() < before+n {
+				select {
+				case <-exited:
+					t.Fatalf("generate ended before its kill (%d kills so far): %s", sigkills, errb)
+				default:
+				}
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					t.Fatalf("no %d requests in 2 minutes: %s", n, errb)
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		}
 		if serverKills < 5 && sigkills%4 == 1 {
 			// Kill the server under a live generate: it restarts it and goes on.
-			deadline := time.Now().Add(time.Minute)
-			for serverPID(j.state) == 0 || !alive(serverPID(j.state)) {
-				if time.Now().After(deadline) {
-					t.Fatal("no server came up")
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			time.Sleep(time.Duration(50+r.Intn(300)) * time.Millisecond)
+			waitRequests(5 + r.Intn(15))
 			if pid := serverPID(j.state); alive(pid) {
 				syscall.Kill(pid, syscall.SIGKILL)
 				serverKills++
 			}
+			before = j.generationRequests()
 		}
-		select {
-		case <-exited:
-			t.Fatalf("generate ended before its kill (%d kills so far): %s", sigkills, errb)
-		case <-time.After(time.Duration(100+r.Intn(700)) * time.Millisecond):
-		}
+		waitRequests(5 + r.Intn(25))
 		cmd.Process.Signal(syscall.SIGKILL)
 		<-exited
 		sigkills++

@@ -3,9 +3,11 @@ package generate
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/extract-dev/extract/internal/conversation"
 	"github.com/extract-dev/extract/sglang/simulator"
@@ -118,4 +120,25 @@ func (r rewriting) Text(ctx context.Context, msgs []conversation.Message, tools 
 		trimmed[i] = m
 	}
 	return r.SimRenderer.Text(ctx, trimmed, tools, gen)
+}
+
+// A conversation sent alone onto an idle pool must not wait for a wake-up that no one
+// sends (a resumed generate whose first conversation is already isolated).
+func TestAConversationSentAloneOnAnIdlePoolIsSentAtOnce(t *testing.T) {
+	p := newPool([]Replica{{}, {}}, 3, time.Minute, Health{}, slog.Default())
+	for _, r := range p.reps {
+		r.ready, r.ctx = true, context.Background()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := p.acquire(ctx, true)
+	if err != nil {
+		t.Fatalf("acquire alone on an idle pool: %v", err)
+	}
+	if !s.alone {
+		t.Fatal("the slot is not alone")
+	}
+	if o, err := p.acquire(ctx, false); err != nil || o.rep == s.rep {
+		t.Fatalf("another conversation went to the isolated replica or waited: %v", err)
+	}
 }

@@ -94,6 +94,7 @@ func (p *pool) acquire(ctx context.Context, alone bool) (slot, error) {
 			if !reserved {
 				if r := p.leastLoaded(); r != nil {
 					r.reserved = true
+					continue // it may be idle already: nobody else would wake us
 				}
 			}
 		} else if r := p.leastLoaded(); r != nil {
