@@ -68,6 +68,8 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
 		{m("checkpoint"), []string{m("orchestrator"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
 		{m("shm"), []string{m("orchestrator"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
+		{m("internal/history"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "the history is records and a file: readable without the pipeline"},
+		{m("internal/report"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "drawing a report needs the history and the facts it is given, nothing else"},
 	} {
 		p, ok := pkgs[rule.pkg]
 		if !ok {

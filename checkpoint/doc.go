@@ -17,6 +17,9 @@
 //	│  ├──dataset_fingerprint : string; the caller refuses --resume against another dataset
 //	│  ├──dataset_path : string, for messages only
 //	│  ├──config_fingerprint : string; outputs carry it too, and Verify compares them
+//	│  ├──config_fields : the settings config_fingerprint hashes, "name=value" a line,
+//	│  │                  so a mismatch names what changed; optional, absent in an index
+//	│  │                  from before it (a resume under the same config adds it)
 //	│  ├──total : 8-byte big-endian; samples in the dataset
 //	│  ├──created : RFC 3339 time; its presence marks an initialised job
 //	│  ├──attempt_base : 8-byte big-endian; the highest attempt any sample reached
@@ -71,7 +74,10 @@
 // goroutine asked for a panic instead. Open therefore checks both meta pages and the
 // file size against the one bbolt would use before it hands the file to bbolt, and
 // every transaction runs with debug.SetPanicOnFault and a recover. Either way a damaged
-// index is an error wrapping ErrDamaged that names the file; MoveAside puts the file
+// index is an error wrapping ErrDamaged that names the file. Only a memory fault or a
+// panic bbolt raises itself counts as damage; any other panic in a transaction is a bug
+// of the code it runs and is re-panicked, since damage's remedy would rebuild a sound
+// index; MoveAside puts the file
 // aside for the operator, and Init then Verify with Repair rebuild the index from the
 // output files.
 package checkpoint

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 )
@@ -34,9 +33,14 @@ type ExportReport struct {
 }
 
 // Export writes every done sample of ix from src into dst's format, each through the
-// writers' temp-fsync-rename path. A target file under its final name is complete, so
-// a rerun skips the samples whose target already names them: an interrupted export
-// resumes where it stopped. Tensor bytes, loss_mask included, are copied unchanged.
+// writers' temp-fsync-rename path. A rerun resumes: a target file is kept only when its
+// record says this export (config fingerprint with the target format, dataset, sample,
+// tokens, the crc32c the index holds) and its tensors hash to that crc32c; any other
+// target of this export (a flipped byte, a torn name) is rewritten. A folder that holds
+// another job's files, or files extract did not write, is refused before anything is
+// written (ErrForeignTarget): export never replaces a name it did not write. Tensor
+// bytes, loss_mask included, are copied unchanged. A full target disk stops the export
+// (ErrTargetFull); the rerun resumes.
 func Export(ctx context.Context, ix *Index, src, dst Layout, opt ExportOptions) (ExportReport, error) {
 	rep := ExportReport{Problems: []string{}}
 	meta, _, err := ix.Meta()
@@ -44,6 +48,11 @@ func Export(ctx context.Context, ix *Index, src, dst Layout, opt ExportOptions) 
 		return rep, err
 	}
 	done, err := ix.doneRecords()
+	if err != nil {
+		return rep, err
+	}
+	mine := exportMarker{ConfigFingerprint: opt.ConfigFingerprint, DatasetFingerprint: meta.DatasetFingerprint, Format: dst.Name()}
+	ours, err := claimTarget(dst, mine)
 	if err != nil {
 		return rep, err
 	}
@@ -58,13 +67,21 @@ func Export(ctx context.Context, ix *Index, src, dst Layout, opt ExportOptions) 
 		}
 		r := done[s]
 		to := dst.Path(s)
-		if info, err := ReadOutput(to, false); err == nil && info.Sample == s && info.Tokens == r.Tokens {
-			rep.Skipped++
-			continue
+		if ours[s] {
+			if info, err := readOutput(ctx, to, true, nil, buf); err == nil && keepTarget(info, r, mine) {
+				rep.Skipped++
+				continue
+			}
+			if ctx.Err() != nil {
+				return rep, ctx.Err()
+			}
 		}
 		n, err := exportOne(ctx, src.Path(s), to, dst, r, meta, opt, buf)
 		if ctx.Err() != nil {
 			return rep, ctx.Err()
+		}
+		if isNoSpace(err) {
+			return rep, fmt.Errorf("%w: %s: %w", ErrTargetFull, dst.Dir, err)
 		}
 		if err != nil {
 			rep.Failed++
@@ -80,6 +97,16 @@ func Export(ctx context.Context, ix *Index, src, dst Layout, opt ExportOptions) 
 		opt.Progress(len(samples), len(samples))
 	}
 	return rep, nil
+}
+
+// keepTarget says whether a target that reads back sound (its tensors hash to its
+// record's crc32c) is this export's copy of r.
+func keepTarget(info OutputInfo, r Record, mine exportMarker) bool {
+	return info.Sample == r.Sample && info.Tokens == r.Tokens &&
+		info.ConfigFingerprint == mine.ConfigFingerprint && info.DatasetFingerprint == mine.DatasetFingerprint &&
+		// An imported file without extract's record was hashed as it was (a file
+		// without loss_mask has no mask bytes): its export's crc32c may differ.
+		(info.CRC32C == r.CRC32C || r.Imported)
 }
 
 func exportOne(ctx context.Context, from, to string, dst Layout, r Record, meta Meta, opt ExportOptions, buf []byte) (int64, error) {
@@ -117,9 +144,6 @@ func exportOne(ctx context.Context, from, to string, dst Layout, r Record, meta 
 	md["hidden_size"] = strconv.FormatInt(s.H, 10)
 	delete(md, "crc32c")
 	s.md = md
-	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
-		return 0, err
-	}
 	n, _, err := writeSample(ctx, dst, to, s, buf)
 	if err != nil {
 		return 0, fmt.Errorf("sample %d: export to %s: %w", r.Sample, to, err)

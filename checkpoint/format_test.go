@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // torchLayouts are the formats a trainer loads through torch.
@@ -74,9 +76,7 @@ func TestEveryFormatCarriesTheSameCRC32COfTheSameTensors(t *testing.T) {
 // python is Debian's interpreter with python3-torch; tests skip without it.
 func python(t *testing.T) string {
 	t.Helper()
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		t.Skipf("no torch for /usr/bin/python3 (apt-get install python3-torch): %v %s", err, out)
-	}
+	testsupport.Require(t, testsupport.Torch)
 	return "/usr/bin/python3"
 }
 

@@ -165,6 +165,12 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 		return reject("%v", err)
 	}
 	defer func() { sf.Close() }() // the source, or what it decompressed into
+	// opened is the file as it was before any read: a link is made only if it is the
+	// same after every check.
+	opened, err := fstat(sf.f)
+	if err != nil {
+		return ImportResult{}, err
+	}
 	var plains []string
 	defer func() {
 		for _, p := range plains {
@@ -199,6 +205,10 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 		if err != nil {
 			r, e := reject("%v", err)
 			return r, e, false
+		}
+		if opened, err = fstat(inner.f); err != nil {
+			inner.Close()
+			return ImportResult{}, err, false
 		}
 		sf.Close()
 		sf, unzipped = inner, true
@@ -269,7 +279,7 @@ func Import(ctx context.Context, src ImportFile, l Layout, want ImportWant, copy
 	var err2 error
 	switch res.How {
 	case howLink, howCopy:
-		placed, err2 = placeAsIs(ctx, sf, final, res.How == howCopy, check)
+		placed, err2 = placeAsIs(ctx, sf, opened, final, res.How == howCopy, check)
 	default:
 		placed, err2 = placeConverted(ctx, sf, l, final, src, want, res.RID, buf, check)
 	}

@@ -1,13 +1,23 @@
 package checkpoint
 
 import (
+	"archive/zip"
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"hash/crc32"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/internal/torchzip/torchforge"
 )
 
@@ -138,5 +148,141 @@ func TestImportOfExtractsOwnFileWithAFlippedBitIsRefusedNotLaunderedIntoAFreshCr
 				}
 			}
 		}
+	}
+}
+
+// smallTmpfs mounts a real tmpfs of size (root only) for the test.
+func smallTmpfs(t *testing.T, size string) string {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "disk")
+	os.MkdirAll(mnt, 0o755)
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
+		if strings.Contains(os.Getenv("EXTRACT_CI_REQUIRE"), "root") {
+			t.Fatalf("EXTRACT_CI_REQUIRE names root but a tmpfs cannot be mounted: %v", err)
+		}
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	return mnt
+}
+
+func TestAGzipBombIsRefusedQuicklyWritingNoMoreThanItsPickleDeclares(t *testing.T) {
+	scratch := filepath.Join(smallTmpfs(t, "16m"), "import-scratch")
+	// A good sample's records, then 256 MiB of zeros in a record no tensor uses:
+	// a 256 KiB .ckpt.gz.
+	path := filepath.Join(t.TempDir(), "rows_0-2000", "data_1.ckpt.gz")
+	const junk = 256 << 20
+	writeBombGz(t, path, junk, nil)
+	st, _ := os.Stat(path)
+	t.Logf("bomb: %d bytes of gzip, %d decompressed", st.Size(), junk)
+
+	start := time.Now()
+	src := ImportFile{Path: path, Sample: 1, Kind: FormatSpecForge}
+	res, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, forgedWant(1), false, scratch)
+	took := time.Since(start)
+	if !isReject(err, "decompresses past") {
+		t.Fatalf("import of the bomb = %+v, %v; want it refused for decompressing past its declared size", res, err)
+	}
+	if took > 20*time.Second {
+		t.Fatalf("the refusal took %v", took)
+	}
+	left, _ := os.ReadDir(scratch)
+	if len(left) != 0 {
+		t.Fatalf("scratch keeps %d entries", len(left))
+	}
+	t.Logf("refused in %v: %v", took, err)
+}
+
+func TestImportRefusesAFIFOOrASymlinkSwappedInUnderASourceNameWithoutBlocking(t *testing.T) {
+	from := t.TempDir()
+	good := forgedFile(t, from, 2, torchforge.Dict(torchforge.Sample(3, 4), nil, nil), false, false, 4)
+	fifo := filepath.Join(from, "rows_0-2000", "data_3.ckpt")
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(from, "rows_0-2000", "data_4.ckpt")
+	os.Symlink(good.Path, link)
+	l := Layout{Dir: t.TempDir(), Format: FormatSpecForge}
+	for s, c := range map[int]struct{ path, want string }{3: {fifo, "not a regular file"}, 4: {link, "symlink"}} {
+		got := make(chan error, 1)
+		go func() {
+			_, err := Import(context.Background(), ImportFile{Path: c.path, Sample: s, Kind: FormatSpecForge}, l, forgedWant(s), false, t.TempDir())
+			got <- err
+		}()
+		select {
+		case err := <-got:
+			if !isReject(err, c.want) {
+				t.Errorf("sample %d: %v; want it refused as %q", s, err, c.want)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("sample %d: import blocked on %s", s, c.path)
+		}
+	}
+}
+
+func TestAGzipThatCannotFitTheStateDiskIsATemporaryFailureNotARefusal(t *testing.T) {
+	scratch := filepath.Join(smallTmpfs(t, "64k"), "import-scratch")
+	const H = 4096 // 96 KiB of tensors: more than the disk
+	src := forgedFile(t, t.TempDir(), 1, torchforge.Dict(torchforge.Sample(3, H), nil, nil), true, false, H)
+	want := forgedWant(1)
+	want.HiddenSize = H
+	_, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, want, false, scratch)
+	if !errors.Is(err, ErrScratchFull) || isReject(err, "") {
+		t.Fatalf("import = %v; want ErrScratchFull (the disk, not the file)", err)
+	}
+	// With room, the same file is good.
+	if _, err := Import(context.Background(), src, Layout{Dir: t.TempDir(), Format: FormatSpecForge}, want, false, t.TempDir()); err != nil {
+		t.Fatalf("with room: %v", err)
+	}
+}
+
+// writeBombGz writes a .ckpt.gz of a good 3-token sample followed by a record of junk
+// zero bytes no tensor uses; md, when set, goes into the gzip header as extract's own
+// metadata (a file that claims to be extract's).
+func writeBombGz(t *testing.T, path string, junk int64, md map[string]string) {
+	t.Helper()
+	os.MkdirAll(filepath.Dir(path), 0o755)
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gz, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
+	if md != nil {
+		js, _ := json.Marshal(md)
+		gz.Header.Extra = append(binary.LittleEndian.AppendUint16([]byte{'E', 'X'}, uint16(len(js))), js...)
+	}
+	zw := zip.NewWriter(gz)
+	zeros := make([]byte, 1<<20)
+	crc := crc32.NewIEEE()
+	for range junk >> 20 {
+		crc.Write(zeros)
+	}
+	recs := append([][]byte{torchforge.Dict(torchforge.Sample(3, 4), nil, nil)}, torchforge.Storages(3, 4, false)...)
+	for i, b := range recs {
+		name := "archive/data/" + strconv.Itoa(i-1)
+		if i == 0 {
+			name = "archive/data.pkl"
+		}
+		w, _ := zw.CreateRaw(&zip.FileHeader{Name: name, Method: zip.Store, CRC32: crc32.ChecksumIEEE(b), CompressedSize64: uint64(len(b)), UncompressedSize64: uint64(len(b))})
+		w.Write(b)
+	}
+	w, _ := zw.CreateRaw(&zip.FileHeader{Name: "archive/junk", Method: zip.Store, CRC32: crc.Sum32(), CompressedSize64: uint64(junk), UncompressedSize64: uint64(junk)})
+	for range junk >> 20 {
+		w.Write(zeros)
+	}
+	if zw.Close() != nil || gz.Close() != nil || f.Close() != nil {
+		t.Fatal("write the bomb")
+	}
+}
+
+func TestABombThatClaimsToBeExtractsOwnGzipIsRefusedAtItsUnusedRecord(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "rows_0-2000", "data_1.ckpt.gz")
+	writeBombGz(t, path, 1<<30, map[string]string{"format": outputFormat, "sample": "1", "layers": "2,30,58",
+		"tokens": "3", "hidden_size": "4", "crc32c": "00000000"})
+	start := time.Now()
+	_, err := Import(context.Background(), ImportFile{Path: path, Sample: 1, Kind: FormatSpecForge},
+		Layout{Dir: t.TempDir(), Format: FormatSpecForge, Gzip: true}, forgedWant(1), false, t.TempDir())
+	if !isReject(err, "no tensor uses") || time.Since(start) > 10*time.Second {
+		t.Fatalf("import of a 1 GiB bomb under extract's metadata: %v after %v; want it refused at the unused record", err, time.Since(start))
 	}
 }

@@ -34,12 +34,12 @@ type placedFile struct {
 }
 
 // placeAsIs puts sf's file under final unchanged. A link is of the very inode that was
-// checked (linkat of the open descriptor, not of the name), and only if the file did
-// not change while it was read; a copy is of that descriptor's bytes, and the copy is
+// checked (linkat of the open descriptor, not of the name), and only if an fstat now
+// matches before, taken when it was opened; a copy is of that descriptor's bytes, and the copy is
 // checked again before its rename, so what is placed is what was checked whatever
 // another tool does to the name or the file meanwhile. Either is fsynced, renamed and
 // its directory fsynced: the other tool may never have synced it.
-func placeAsIs(ctx context.Context, sf *sampleFile, final string, copyOnly bool, check checkFunc) (placedFile, error) {
+func placeAsIs(ctx context.Context, sf *sampleFile, before unix.Stat_t, final string, copyOnly bool, check checkFunc) (placedFile, error) {
 	tmp := tempPath(final)
 	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return placedFile{}, err
@@ -48,10 +48,6 @@ func placeAsIs(ctx context.Context, sf *sampleFile, final string, copyOnly bool,
 		return placedFile{}, err
 	}
 	if !copyOnly {
-		before, err := fstat(sf.f)
-		if err != nil {
-			return placedFile{}, err
-		}
 		sum, reason, err := check(sf)
 		if err != nil || reason != "" {
 			return placedFile{reject: reason}, err

@@ -40,6 +40,7 @@ var (
 	keyAttemptBase        = []byte("attempt_base")
 	keyOutputFormat       = []byte("output_format")
 	keyShard              = []byte("shard")
+	keyConfigFields       = []byte("config_fields")
 
 	keyDone   = []byte("done")
 	keyFailed = []byte("failed")
@@ -189,6 +190,10 @@ type Meta struct {
 	// OutputFormat is the layout's name ("specforge+gzip"): where verify looks for
 	// files. Optional; an index without it is safetensors.
 	OutputFormat string
+	// ConfigFields are the settings the config fingerprint hashes, one "name=value" a
+	// line, so that a mismatch can say which one changed. Optional: an index written
+	// before the key existed has none. (A string keeps Meta comparable.)
+	ConfigFields string
 	// ShardIndex of ShardCount is the part of the dataset this index covers when the
 	// job is split across nodes; ShardCount 0 (the key absent) is the whole dataset.
 	// Total stays the dataset's size.
@@ -239,6 +244,7 @@ func readMeta(tx *bolt.Tx) (Meta, bool, error) {
 		Total:              int(binary.BigEndian.Uint64(total)),
 		Created:            created,
 		OutputFormat:       string(b.Get(keyOutputFormat)),
+		ConfigFields:       string(b.Get(keyConfigFields)),
 	}, true, nil
 }
 
@@ -303,6 +309,9 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 	} else if err := b.Put(keyShard, append(u64(uint64(m.ShardIndex)), u64(uint64(m.ShardCount))...)); err != nil {
 		return fmt.Errorf("write meta %s: %w", keyShard, err)
 	}
+	if err := putFields(b, m.ConfigFields); err != nil {
+		return err
+	}
 	for _, kv := range []struct{ k, v []byte }{
 		{keySchemaVersion, u64(SchemaVersion)},
 		{keyDatasetFingerprint, []byte(m.DatasetFingerprint)},
@@ -318,6 +327,30 @@ func writeMeta(tx *bolt.Tx, m Meta) error {
 		}
 	}
 	return nil
+}
+
+// putFields writes meta's config_fields; none deletes the key, so an index without
+// them is byte for byte what older builds write.
+func putFields(b *bolt.Bucket, fields string) error {
+	if fields == "" {
+		if err := b.Delete(keyConfigFields); err != nil {
+			return fmt.Errorf("write meta %s: %w", keyConfigFields, err)
+		}
+		return nil
+	}
+	if err := b.Put(keyConfigFields, []byte(fields)); err != nil {
+		return fmt.Errorf("write meta %s: %w", keyConfigFields, err)
+	}
+	return nil
+}
+
+// SetConfigFields records the config fields of an index that predates them, once its
+// fingerprint has been checked equal to the config's: later mismatches can then name
+// what changed.
+func (ix *Index) SetConfigFields(fields string) error {
+	return ix.update(func(tx *bolt.Tx) error {
+		return putFields(tx.Bucket(bucketMeta), fields)
+	})
 }
 
 // Init writes the metadata of a new job. It refuses an index that already has one:

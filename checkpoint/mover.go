@@ -55,6 +55,9 @@ type Expect struct {
 	// ConfigFingerprint is written into the output's metadata as config_fingerprint, so
 	// that verify can tell a file of another config from one of this job.
 	ConfigFingerprint string
+	// SourceID, when set, is the sample's own id in the data it came from (a
+	// conversation's id), written into the output's metadata as source_id.
+	SourceID string
 }
 
 // Moved describes an output that Move made durable.
@@ -343,7 +346,7 @@ func (m *Mover) layout() Layout {
 // sample is the dump as the writers stream it, with the output's metadata.
 func (d *dump) sample(src io.ReaderAt, want Expect) *sample {
 	at := d.header.DataStart
-	return &sample{
+	s := &sample{
 		T: d.tokens, H: d.hiddenSize,
 		ids:      segment{src, at + d.ids.Begin, d.ids.Len()},
 		idVals:   want.InputIDs,
@@ -367,4 +370,8 @@ func (d *dump) sample(src io.ReaderAt, want Expect) *sample {
 			"config_fingerprint":  want.ConfigFingerprint,
 		},
 	}
+	if want.SourceID != "" {
+		s.md["source_id"] = want.SourceID
+	}
+	return s
 }

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/extract-dev/extract/internal/safetensors"
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // dumpSpec describes a test dump; the zero value of each field means protocol v1's default.
@@ -337,11 +338,9 @@ func patch(t *testing.T, path string, off int64, b []byte) {
 
 func TestMoveIntoFullDiskLeavesNoFileAndIsNotADumpError(t *testing.T) {
 	out := t.TempDir()
-	if os.Geteuid() != 0 {
-		t.Skip("mounting a 1 MiB tmpfs needs root")
-	}
+	testsupport.Require(t, testsupport.Root) // to mount a 1 MiB tmpfs
 	if err := syscall.Mount("tmpfs", out, "tmpfs", 0, "size=1m"); err != nil {
-		t.Skipf("cannot mount a 1 MiB tmpfs: %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "mount a 1 MiB tmpfs: %v", err)
 	}
 	t.Cleanup(func() { _ = syscall.Unmount(out, 0) })
 

@@ -130,6 +130,8 @@ type VerifyReport struct {
 	Unrepaired int
 	// Problems describes each finding, one line each, capped at maxProblems.
 	Problems []string
+	// Unlisted counts the findings past the cap, so a listing can say "and N more".
+	Unlisted int
 }
 
 const maxProblems = 100
@@ -137,6 +139,8 @@ const maxProblems = 100
 func (r *VerifyReport) problem(format string, args ...any) {
 	if len(r.Problems) < maxProblems {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	} else {
+		r.Unlisted++
 	}
 }
 
@@ -346,10 +350,11 @@ func checkDone(ctx context.Context, path string, r Record, total int, meta Meta,
 // its rid must name its sample, its protocol be the one this build reads, its model the
 // job's, and its hook_version a version. The hook's version is not compared with one
 // value: a server adopted across an upgrade of extract legitimately ran an older hook
-// of the same protocol. A file import rewrote from another tool's has no hook.
+// of the same protocol. A file import rewrote from another tool's has no rid or hook
+// (its record's empty rid is compared all the same).
 func provenanceDiffers(info OutputInfo, s int, imported bool, opt VerifyOptions) string {
 	switch {
-	case !ridNames(info.RID, s):
+	case !imported && !ridNames(info.RID, s):
 		return fmt.Sprintf("rid %q is not an attempt of sample %d", info.RID, s)
 	case info.Protocol != protocolVersion:
 		return fmt.Sprintf("protocol %q, this build writes %q", info.Protocol, protocolVersion)

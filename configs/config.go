@@ -439,13 +439,22 @@ func (c *Config) OutputBytesPerToken() int64 { return c.BytesPerToken() + 8 }
 // model, width or layer set is caught instead of mixing files.
 func (c *Config) Fingerprint() string {
 	h := sha256.New()
-	fmt.Fprintf(h, "kind=%s\nmodel=%s\nhidden=%d\nlayers=%v\n", c.Server.Kind, c.Server.ModelPath, c.HiddenSize(), c.Server.Layers)
+	for _, f := range c.FingerprintFields() {
+		fmt.Fprintf(h, "%s\n", f)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// FingerprintFields are the settings Fingerprint hashes, as "name=value" in order. The
+// index stores them, so that a mismatch can name the setting that changed.
+func (c *Config) FingerprintFields() []string {
+	f := []string{"kind=" + c.Server.Kind, "model=" + c.Server.ModelPath, fmt.Sprintf("hidden=%d", c.HiddenSize()), fmt.Sprintf("layers=%v", c.Server.Layers)}
 	// The format shapes the files too. The default adds nothing, so that a job begun
 	// before formats existed keeps its fingerprint and resumes.
 	if l := c.Output.LayoutName(); l != "safetensors" {
-		fmt.Fprintf(h, "format=%s\n", l)
+		f = append(f, "format="+l)
 	}
-	return hex.EncodeToString(h.Sum(nil))[:16]
+	return f
 }
 
 // flatten lists every leaf key of a Config with its value, by mapstructure tag.

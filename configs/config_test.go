@@ -133,13 +133,16 @@ func TestParseByteSize(t *testing.T) {
 }
 
 func TestShippedConfigsLoad(t *testing.T) {
-	for _, name := range []string{"demo.yaml", "kimi-k2.5.yaml"} {
+	for _, name := range []string{"demo.yaml", "kimi-k2.5.yaml", "demo-chat.yaml"} {
 		c, err := Load(name, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if name == "kimi-k2.5.yaml" && (c.Server.TPSize != 8 || c.HiddenSize() != 7168 || c.ShmDir != "/dev/shm/sglang_hs") {
 			t.Errorf("kimi config: %+v", c.Server)
+		}
+		if name == "demo-chat.yaml" && (c.Vocab.DraftSize != 128 || c.Server.Kind != "simulator" || !strings.HasSuffix(c.Dataset, "demo/conversations.jsonl")) {
+			t.Errorf("demo-chat config: %+v %+v %s", c.Vocab, c.Server.Kind, c.Dataset)
 		}
 	}
 }

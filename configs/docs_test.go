@@ -1,7 +1,10 @@
 package configs
 
 import (
+	"bytes"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -52,6 +55,11 @@ func TestTheDocsKeyTableMatchesTheConfig(t *testing.T) {
 	// A row's first cell names one key or several ("`server.host`, `server.port`"); a
 	// name without a dot after the first is in the first one's section.
 	rows := map[string]bool{}
+	// A row "`prepare.*`" covers a whole section (its keys listed in its own doc).
+	var wholeSections []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z0-9_.]+)\\.\\*` \\|").FindAllStringSubmatch(string(doc), -1) {
+		wholeSections = append(wholeSections, m[1]+".")
+	}
 	for _, m := range regexp.MustCompile("(?m)^\\| (`[a-z0-9_.]+`(?:, `[a-z0-9_.]+`)*) \\|").FindAllStringSubmatch(string(doc), -1) {
 		names := strings.Split(strings.ReplaceAll(m[1], "`", ""), ", ")
 		section := ""
@@ -67,7 +75,7 @@ func TestTheDocsKeyTableMatchesTheConfig(t *testing.T) {
 	}
 	shape := shapeOf(Default())
 	for key := range shape.leaves {
-		if !rows[key] {
+		if !rows[key] && !slices.ContainsFunc(wholeSections, func(sec string) bool { return strings.HasPrefix(key, sec) }) {
 			t.Errorf("key %s has no row in docs/configuration.md", key)
 		}
 	}
@@ -75,5 +83,58 @@ func TestTheDocsKeyTableMatchesTheConfig(t *testing.T) {
 		if shape.leaves[key] == nil && !shape.sections[key] {
 			t.Errorf("docs/configuration.md has a row for %s, which is no key", key)
 		}
+	}
+}
+
+// deliberateTypos are the misspelt names the docs show being refused.
+var deliberateTypos = map[string]bool{"EXTRACT_RUN_MAX_INFLGHT": true}
+
+// Every EXTRACT_* name that the repo's scripts, docs, configs and code (tests aside, which
+// misspell on purpose) use is one the binary accepts: a script that sets another stops
+// every extract it starts with exit 2 (scripts/device_transformers.sh's EXTRACT_BIN did).
+func TestEveryEnvNameTheReposScriptsAndDocsUseIsAccepted(t *testing.T) {
+	known := map[string]bool{}
+	for key := range flatten(Default()) {
+		known[EnvName(key)] = true
+	}
+	// \b: DEVICE_EXTRACT_BIN is another name, not EXTRACT_BIN.
+	name := regexp.MustCompile(`\bEXTRACT_[A-Z0-9_]*[A-Z0-9]`)
+	checked := 0
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			switch d.Name() {
+			case ".git", ".wt", "out", "node_modules", "testdata", "__pycache__":
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		ext := filepath.Ext(path)
+		if strings.HasSuffix(path, "_test.go") || strings.HasPrefix(d.Name(), "test_") ||
+			!slices.Contains([]string{".sh", ".md", ".py", ".yaml", ".go", ""}, ext) || !d.Type().IsRegular() {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if ext == "" && !bytes.HasPrefix(b, []byte("#!")) {
+			return nil
+		}
+		checked++
+		for _, n := range name.FindAllString(string(b), -1) {
+			if !known[n] && envNotKeys[n] == "" && !deliberateTypos[n] {
+				t.Errorf("%s uses %s, which extract refuses (no config key, not in configs/env.go's envNotKeys)", path, n)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 20 {
+		t.Fatalf("checked only %d files: is the walk rooted at the repo?", checked)
 	}
 }

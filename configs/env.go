@@ -16,6 +16,13 @@ var envNotKeys = map[string]string{
 	"EXTRACT_BENCH_OUT":      "checkpoint's mover benchmark and scripts/bench.sh: the output dir to measure",
 	"EXTRACT_TEST_INHERITED": "sglang's launch test: an inherited variable it looks for",
 	"EXTRACT_PROFILE_DIR":    "cmd/extract: write CPU, block and mutex profiles there at exit (docs/performance.md)",
+	// The test suites' own switches: set for `go test ./...`, they reach every extract
+	// the end-to-end tests start.
+	"EXTRACT_CI_REQUIRE":   "internal/testsupport: the kinds of test that must run, not skip (.ci/run)",
+	"EXTRACT_CI_REPORT":    "internal/testsupport: the file each required kind's outcome is appended to (.ci/run)",
+	"EXTRACT_TEST_DEVICE":  "sglang/hook/test_real_sglang.py: the torch device of the real-SGLang cases (cpu, cuda)",
+	"EXTRACT_SGLANG_SRC":   "sglang/hook/test_real_sglang.py: the SGLang checkouts, instead of ../shared/sglang-src",
+	"EXTRACT_TORCH_PYTHON": "sglang/hook/test_real_sglang.py: a Python with torch, instead of the first one found",
 }
 
 // checkEnv refuses an EXTRACT_* variable that names no key: viper would ignore it, and

@@ -29,6 +29,9 @@ type Prepare struct {
 	Mask string `mapstructure:"mask"`
 	// ChatTemplate is a template file to use instead of the tokenizer's own.
 	ChatTemplate string `mapstructure:"chat_template"`
+	// TemplateKwargs are more variables for the template (Qwen3's enable_thinking), as
+	// apply_chat_template's keyword arguments; YAML only, names lower case.
+	TemplateKwargs map[string]any `mapstructure:"template_kwargs"`
 	// Tokenizer is the tokenizer folder; default server.model_path.
 	Tokenizer       string `mapstructure:"tokenizer"`
 	TrustRemoteCode bool   `mapstructure:"trust_remote_code"`

@@ -16,6 +16,10 @@ type admission struct {
 	retries  []retry     // samples to send again, by due time
 	failures map[int]int // failed attempts per sample in this run
 	paused   []string    // why the last round stopped short, for status
+	// deaths counts the server deaths (and hangs) each sample was in flight at, in this
+	// run; alone holds the samples sent alone since (the poison rule: died).
+	deaths map[int]int
+	alone  map[int]bool
 }
 
 type retry struct {
@@ -72,6 +76,24 @@ func (a *admission) fail(sample, maxAttempts int, now time.Time) (final bool, at
 	return false, n
 }
 
+// died counts a server death or hang with sample in flight: not the sample's fault as a
+// rule (a death requeues without spending an attempt), but a prompt that kills the server
+// would otherwise be retried forever. After isolateAfter deaths the sample is sent alone;
+// the next death with it alone is its failure, which died reports.
+func (a *admission) died(sample, isolateAfter int, wasAlone bool) (fail bool) {
+	if wasAlone {
+		return true
+	}
+	if a.deaths == nil {
+		a.deaths, a.alone = map[int]int{}, map[int]bool{}
+	}
+	a.deaths[sample]++
+	if a.deaths[sample] >= isolateAfter {
+		a.alone[sample] = true
+	}
+	return false
+}
+
 // empty says nothing is left to send.
 func (a *admission) empty() bool { return len(a.queue) == 0 && len(a.retries) == 0 }
 
@@ -79,7 +101,10 @@ func (a *admission) empty() bool { return len(a.queue) == 0 && len(a.retries) ==
 type budgets struct {
 	diskFree, diskReserve int64
 	shmUsed, shmBudget    int64
-	outputDir, shmDir     string
+	// shmFree is what the staging filesystem has left: others (another job, a server's
+	// own files) may fill it below the budget.
+	shmFree           int64
+	outputDir, shmDir string
 }
 
 // blocked says why a sample of want bytes cannot be admitted now, with reserved bytes
@@ -88,6 +113,10 @@ type budgets struct {
 func (b budgets) blocked(reserved, want int64, alone bool) string {
 	if b.diskFree-reserved-want < b.diskReserve {
 		return fmt.Sprintf("output disk reserve: %s free on %s, %s kept in reserve, %s in flight", configs.ByteSize(b.diskFree), b.outputDir, configs.ByteSize(b.diskReserve), configs.ByteSize(reserved+want))
+	}
+	if b.shmFree-reserved-want < 0 {
+		// Not even alone: the hook's write of the dump would fail.
+		return fmt.Sprintf("staging full: %s free on %s, %s in flight", configs.ByteSize(max(b.shmFree, 0)), b.shmDir, configs.ByteSize(reserved+want))
 	}
 	if !alone && b.shmUsed+reserved+want > b.shmBudget {
 		return fmt.Sprintf("staging budget: %s in %s + %s in flight, budget %s", configs.ByteSize(b.shmUsed), b.shmDir, configs.ByteSize(reserved), configs.ByteSize(b.shmBudget))

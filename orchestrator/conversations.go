@@ -130,3 +130,40 @@ func indexHasProgress(cfg *configs.Config) bool {
 	c, err := ix.Counters()
 	return err != nil || c.Done+c.Failed > 0
 }
+
+// PrepareStatus is what status says of a conversation job's prepare step, from its
+// manifest: how far it is and what it refused.
+type PrepareStatus struct {
+	Conversations string         `json:"conversations"`
+	Complete      bool           `json:"complete"`
+	Chunks        int            `json:"chunks"`
+	Lines         int            `json:"lines"`
+	Accepted      int            `json:"accepted"`
+	Truncated     int            `json:"truncated"`
+	Refused       int            `json:"refused"`
+	RefusedBy     map[string]int `json:"refused_by_reason,omitempty"`
+	Refusals      string         `json:"refusals,omitempty"` // refused.jsonl, once complete
+}
+
+// prepareStatus reads the manifest of state_dir/prepare; nil when there is none.
+func prepareStatus(cfg *configs.Config) *PrepareStatus {
+	dir := prepare.Dir(cfg)
+	m, ok, err := prepare.ReadManifest(dir)
+	if err != nil || !ok {
+		return nil
+	}
+	var c prepare.Counts
+	if m.Complete {
+		c = m.Counts
+	} else {
+		for _, ch := range m.Chunks {
+			c.Add(ch.Counts)
+		}
+	}
+	ps := &PrepareStatus{Conversations: m.Source, Complete: m.Complete, Chunks: len(m.Chunks), Lines: c.Lines,
+		Accepted: c.Accepted, Truncated: c.Truncated, Refused: c.RefusedTotal(), RefusedBy: c.Refused}
+	if m.Complete {
+		ps.Refusals = filepath.Join(dir, prepare.RefusedName)
+	}
+	return ps
+}

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
-	"golang.org/x/sys/unix"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 // ErrBadDataset marks a dataset the user must fix (exit 2).
@@ -73,12 +73,15 @@ type Sample struct {
 	InputIDs []int64 // nil for a text sample
 	LossMask []int64 // nil: all ones
 	Text     string
+	// SourceID is the line's "id" (a prepared conversation's own id), "" without one.
+	SourceID string
 }
 
 type rawSample struct {
-	InputIDs *[]int64 `json:"input_ids"`
-	LossMask *[]int64 `json:"loss_mask"`
-	Text     *string  `json:"text"`
+	InputIDs *[]int64        `json:"input_ids"`
+	LossMask *[]int64        `json:"loss_mask"`
+	Text     *string         `json:"text"`
+	ID       json.RawMessage `json:"id"`
 }
 
 // OpenDataset reads and checks every line before any GPU time is spent. An error names
@@ -107,43 +110,17 @@ func openDataset(ctx context.Context, path string, maxLine configs.ByteSize) (*D
 	return d, nil
 }
 
-// openDatasetFile opens the dataset without trusting what the path names: with
-// O_NONBLOCK, so a FIFO (or a symlink to one) cannot hang the open, then fstat of what
-// was opened, which must be a regular file (a FIFO, a device such as /dev/zero, a
-// directory or a socket is refused). A symlink to a regular file is followed: a dataset
-// kept in a managed folder and linked is common, and the open file is what is read.
+// openDatasetFile opens the dataset as userfile.OpenRegular does: a FIFO, a device
+// such as /dev/zero, a directory or a socket is refused at once, never read or waited on.
 func openDatasetFile(path string) (*os.File, error) {
-	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	f, err := userfile.OpenRegular(path)
+	if errors.Is(err, userfile.ErrNotRegular) {
+		return nil, fmt.Errorf("%w: dataset %w: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, err)
+	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, &os.PathError{Op: "open", Path: path, Err: err})
+		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%w: stat dataset %s: %w", ErrBadDataset, path, err)
-	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		unix.Close(fd)
-		return nil, fmt.Errorf("%w: dataset %s is %s, not a regular file: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, path, fileKind(st.Mode))
-	}
-	return os.NewFile(uintptr(fd), path), nil
-}
-
-// fileKind names a stat mode's file type for messages.
-func fileKind(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFIFO:
-		return "a FIFO (named pipe)"
-	case unix.S_IFDIR:
-		return "a directory"
-	case unix.S_IFCHR:
-		return "a character device"
-	case unix.S_IFBLK:
-		return "a block device"
-	case unix.S_IFSOCK:
-		return "a socket"
-	}
-	return fmt.Sprintf("not a regular file (mode %#o)", mode&unix.S_IFMT)
+	return f, nil
 }
 
 // statOpen is the open file's identity now.
@@ -309,6 +286,7 @@ func scanIDsLine(b []byte) (int, bool) {
 		return 0, false
 	}
 	ids, mask := -1, -1
+keys:
 	for {
 		i = skipJSONSpace(b, i+1)
 		var isMask bool
@@ -316,6 +294,21 @@ func scanIDsLine(b []byte) (int, bool) {
 		case bytes.HasPrefix(b[i:], []byte(`"input_ids"`)) && ids < 0:
 		case bytes.HasPrefix(b[i:], []byte(`"loss_mask"`)) && mask < 0:
 			isMask = true
+		case bytes.HasPrefix(b[i:], []byte(`"id"`)) || bytes.HasPrefix(b[i:], []byte(`"line"`)):
+			// A prepared conversation's source id and line (docs/dataset.md), which
+			// decodeLine reads as the sample's source and otherwise ignores.
+			next, ok := skipSourceField(b, i)
+			if !ok {
+				return 0, false
+			}
+			i = skipJSONSpace(b, next)
+			if i < len(b) && b[i] == ',' {
+				continue
+			}
+			if i >= len(b) || b[i] != '}' {
+				return 0, false
+			}
+			break keys
 		default:
 			return 0, false
 		}
@@ -387,6 +380,39 @@ func scanUintList(b []byte, i int, bits bool) (n, next int, ok bool) {
 	}
 }
 
+// skipSourceField reads `"id": "<string without escapes>"` or `"line": <digits>` at b[i:]
+// and returns the index after its value.
+func skipSourceField(b []byte, i int) (int, bool) {
+	key := `"id"`
+	if bytes.HasPrefix(b[i:], []byte(`"line"`)) {
+		key = `"line"`
+	}
+	i = skipJSONSpace(b, i+len(key))
+	if i >= len(b) || b[i] != ':' {
+		return 0, false
+	}
+	i = skipJSONSpace(b, i+1)
+	if key == `"line"` {
+		start := i
+		for i < len(b) && b[i]-'0' < 10 {
+			i++
+		}
+		return i, i > start && i-start <= 18
+	}
+	if i >= len(b) || b[i] != '"' {
+		return 0, false
+	}
+	for j := i + 1; j < len(b); j++ {
+		switch {
+		case b[j] == '"':
+			return j + 1, true
+		case b[j] == '\\' || b[j] < 0x20:
+			return 0, false // escapes and control bytes: decodeLine judges those
+		}
+	}
+	return 0, false
+}
+
 func skipJSONSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
 		i++
@@ -414,7 +440,7 @@ func decodeLine(line []byte, index int) (Sample, error) {
 			return Sample{}, err
 		}
 	}
-	s := Sample{Index: index}
+	s := Sample{Index: index, SourceID: sourceID(raw.ID)}
 	switch {
 	case raw.InputIDs != nil && raw.Text != nil:
 		return s, errors.New(`has both "input_ids" and "text"; give one`)
@@ -451,6 +477,19 @@ func decodeLine(line []byte, index int) (Sample, error) {
 		s.LossMask = *raw.LossMask
 	}
 	return s, nil
+}
+
+// sourceID is an "id" value as written: a string's value, a number's digits.
+func sourceID(r json.RawMessage) string {
+	var s string
+	if json.Unmarshal(r, &s) == nil {
+		return s
+	}
+	var n json.Number
+	if json.Unmarshal(r, &n) == nil {
+		return n.String()
+	}
+	return ""
 }
 
 // findNull names the first null element of "input_ids" or "loss_mask".

@@ -36,7 +36,9 @@ func TestScanIDsLineAgreesWithDecodeLine(t *testing.T) {
 		{`{"input_ids":[1],"loss_mask":[2]}`, 0},   // bad mask value
 		{`{"input_ids":[1,2],"loss_mask":[1]}`, 0}, // mask length
 		{`{"input_ids":[1],"loss_mask":null}`, 0},  // null
-		{`{"input_ids":[1],"id":"x"}`, 0},          // other keys are decodeLine's
+		{`{"input_ids":[1],"source":"x"}`, 0},      // other keys are decodeLine's
+		{`{"input_ids":[1],"id":"x","line":4}`, 1}, // a prepared conversation's id and line
+		{`{"input_ids":[1],"id":"\u0078"}`, 0},     // an escaped id: decodeLine's
 		{`{"text":"hi"}`, 0},                       // text samples are decodeLine's
 		{`{"input_ids":[1]`, 0},                    // truncated
 		{`{"input_\u0069ds":[1]}`, 0},              // escaped key

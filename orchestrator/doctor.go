@@ -140,7 +140,8 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	}{
 		{true, d.checkGPUs},
 		{true, d.checkPort},
-		{true, d.checkReplicas}, // doctor_replicas.go: each replica's GPUs and port
+		{true, d.checkStatusPort}, // doctor_ports.go
+		{true, d.checkReplicas},   // doctor_replicas.go: each replica's GPUs and port
 		{true, d.checkModel},
 		{true, d.checkHook},
 		{true, d.checkSGLang},
@@ -313,6 +314,12 @@ func (d *doctor) checkFiles(context.Context) []Check {
 			checks = append(checks, warnCheck(f.name, "", "%s: %v", f.path, err))
 			continue
 		}
+		if f.name == "executable" && goRunBuild(path) {
+			// The quick start's binary: go run builds it again each time, so a reboot loses
+			// nothing; a warning on every demo run would teach to ignore the check.
+			checks = append(checks, okCheck(f.name, "%s is a `go run` build, made again by each go run; for cron or systemd install one (go build -o /usr/local/bin/extract ./cmd/extract)", path))
+			continue
+		}
 		if why := volatile(filepath.Dir(path)); why != "" {
 			checks = append(checks, warnCheck(f.name, f.fix, "%s is %s: lost on reboot, and a resume with it", path, why))
 			continue
@@ -320,6 +327,16 @@ func (d *doctor) checkFiles(context.Context) []Check {
 		checks = append(checks, okCheck(f.name, "%s is on a durable disk", path))
 	}
 	return checks
+}
+
+// goRunBuild says whether exe is where `go run` puts the binary it builds:
+// $GOTMPDIR/go-build<n>/b<k>/exe/<name>.
+func goRunBuild(exe string) bool {
+	dir := filepath.Dir(exe)
+	if filepath.Base(dir) != "exe" {
+		return false
+	}
+	return strings.HasPrefix(filepath.Base(filepath.Dir(filepath.Dir(dir))), "go-build")
 }
 
 // existingAncestor is dir itself if it exists, else its nearest existing parent; an
@@ -426,11 +443,31 @@ func (d *doctor) checkDisk(context.Context) []Check {
 	return []Check{failCheck(name, fix+", or set disk.when_short: warn to start anyway and pause at the reserve, "+fmtSize(short)+" short", "%s", msg)}
 }
 
-// checkStaging checks the staging dir: a tmpfs, room for its budget and for the largest
-// remaining dump, and what a crashed run left there.
+// stagingOwner is who may write the staging dirs: us, and the members of shm_group.
+func stagingOwner(cfg *configs.Config) (shm.Owner, error) {
+	gid, err := shm.LookupGroup(cfg.ShmGroup)
+	if err != nil {
+		return shm.Owner{}, fmt.Errorf("%w: %w", configs.ErrInvalid, err)
+	}
+	return shm.Owner{UID: os.Geteuid(), Group: gid}, nil
+}
+
+// checkStaging checks the staging dir: only we (and shm_group) may write it and every
+// replica's subdir, a tmpfs, room for its budget and for the largest remaining dump, and
+// what a crashed run left there.
 func (d *doctor) checkStaging(context.Context) []Check {
 	const name = "staging"
 	dir := d.cfg.ShmDir
+	owner, err := stagingOwner(d.cfg)
+	if err != nil {
+		return []Check{failCheck(name, "set shm_group to a group that exists here (getent group), or unset it", "%v", err)}
+	}
+	for _, sd := range d.cfg.StagingDirs() {
+		var unsafe *shm.UnsafeDirError
+		if err := shm.CheckDir(sd, owner); errors.As(err, &unsafe) {
+			return []Check{failCheck(name, unsafe.Fix, "%s: a dump planted or rewritten there would be adopted as a sample's output", unsafe.Problem)}
+		}
+	}
 	existing, err := existingAncestor(dir)
 	if err != nil {
 		return []Check{failCheck(name, "set shm_dir to a folder on /dev/shm", "shm_dir %s: %v", dir, err)}

@@ -182,7 +182,7 @@ func (d *doctor) checkIndex(context.Context) []Check {
 	if len(f.Problems) > 0 {
 		shown := f.Problems
 		if len(shown) > 3 {
-			shown = shown[:3]
+			shown = append(shown[:3:3], fmt.Sprintf("and %d more", len(f.Problems)-3))
 		}
 		return append(checks, failCheck(name, "run `extract verify --repair` with this config: it checks every file and returns the bad samples to pending",
 			"%s; %d of %d sampled done files in %s are missing or the wrong size (%s)", summary, len(f.Problems), f.Checked, d.cfg.OutputDir, strings.Join(shown, "; ")))

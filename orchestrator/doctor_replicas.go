@@ -76,12 +76,9 @@ func (d *doctor) checkReplica(r int, gpus map[int]sglang.GPU, nvml bool) Check {
 		case ours != nil && ours.Leader && ours.Port == port:
 			parts = append(parts, fmt.Sprintf("port %d held by our replica (pid %d), which the run adopts or replaces", port, ours.PID))
 		default:
-			who := use.Holder
-			if who == "" {
-				who = "a process that /proc does not name"
-			}
-			problems = append(problems, fmt.Sprintf("port %d is taken by %s, which extract did not start", port, who))
-			fixes = append(fixes, fmt.Sprintf("stop it, or move server.port (replica %d listens on server.port + %d)", r, r))
+			fix, who := d.portTaken(use, fmt.Sprintf("server.port (replica %d listens on server.port + %d)", r, r))
+			problems = append(problems, fmt.Sprintf("port %d is taken by %s", port, who))
+			fixes = append(fixes, fix)
 		}
 	}
 	dir := d.cfg.StagingDir(r)

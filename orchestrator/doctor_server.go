@@ -97,11 +97,8 @@ func (d *doctor) checkPort(context.Context) []Check {
 	case d.server != nil && d.server.Launching && d.server.Port == s.Port:
 		return []Check{okCheck("port", "%s is held by a server whose launch was interrupted (server id %s), which the run stops and replaces", use.Addr, d.server.ServerID)}
 	}
-	who := use.Holder
-	if who == "" {
-		who = "a process that /proc does not name"
-	}
-	return []Check{failCheck("port", "stop it, or set server.port to a free port", "%s is taken by %s, which extract did not start", use.Addr, who)}
+	fix, who := d.portTaken(use, "server.port")
+	return []Check{failCheck("port", fix, "%s is taken by %s", use.Addr, who)}
 }
 
 // checkModel compares the model's shape with the config: a mismatch would make every

@@ -20,6 +20,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/sglang/sglangtest"
 )
@@ -264,8 +265,9 @@ func mountSmallDisk(t *testing.T, size string) string {
 	if err := os.MkdirAll(mnt, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	testsupport.Require(t, testsupport.Root)
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	return mnt
@@ -588,6 +590,8 @@ func TestDoctorWarnsWhenTheConfigFileOrTheBinaryWouldNotSurviveAReboot(t *testin
 		{"the script kept in /tmp", filepath.Join(t.TempDir(), "job.yaml"), "", map[string]string{"config file": CheckWarn}, "is under /tmp: lost on reboot"},
 		{"the binary on tmpfs", "", filepath.Join(shmDir, "extract"), map[string]string{"executable": CheckWarn}, "is on tmpfs: lost on reboot"},
 		{"both on a durable disk", filepath.Join(durable, "job.yaml"), filepath.Join(durable, "extract"), map[string]string{"config file": CheckOK, "executable": CheckOK}, "is on a durable disk"},
+		// The quick start: go run's binary is rebuilt by every go run, so no warning.
+		{"a go run build", "", "/tmp/go-build1230200047/b001/exe/extract", map[string]string{"executable": CheckOK}, "is a `go run` build"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.config != "" && strings.HasPrefix(tc.config, durable) && volatile(durable) != "" {

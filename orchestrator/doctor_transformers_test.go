@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -84,7 +85,7 @@ func TestDoctorForTransformersWithATestModuleChecksOnlyTorch(t *testing.T) {
 		}
 	}
 	if py == "" {
-		t.Skip("no python3 here imports torch (apt-get install python3-torch)")
+		testsupport.Unavailable(t, testsupport.TransformersServer, "no python3 here imports torch (apt-get install python3-torch)")
 	}
 	cfg := doctorConfig(t, sglang.KindTransformers, tokenLines(4, 10))
 	cfg.Server.Python, cfg.Server.ModelPath = py, "tiny"

@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/shm"
 )
 
 // ExportOptions are the export command's choices.
@@ -29,8 +30,12 @@ func Export(ctx context.Context, cfg *configs.Config, opt ExportOptions) (checkp
 	if err != nil {
 		return rep, err
 	}
-	if to == cfg.OutputDir || strings.HasPrefix(cfg.OutputDir, to+string(filepath.Separator)) || strings.HasPrefix(to, cfg.OutputDir+string(filepath.Separator)) {
-		return rep, fmt.Errorf("%w: --to %s overlaps the output dir %s: export writes a separate tree", ErrRefused, to, cfg.OutputDir)
+	// Compared where they really are: a symlink (at --to or above it) into the output
+	// dir must not make export write into the job's own tree.
+	for _, d := range []struct{ name, dir string }{{"output dir", cfg.OutputDir}, {"state dir", cfg.StateDir}} {
+		if overlaps(resolveExisting(to), resolveExisting(d.dir)) {
+			return rep, fmt.Errorf("%w: --to %s overlaps the %s %s: export writes a separate tree", ErrRefused, opt.To, d.name, d.dir)
+		}
 	}
 	dst, err := checkpoint.ParseLayout(to, opt.Format)
 	if err != nil {
@@ -72,8 +77,42 @@ func Export(ctx context.Context, cfg *configs.Config, opt ExportOptions) (checkp
 	}
 	scratch := filepath.Join(to, ".extract-export-scratch")
 	defer os.RemoveAll(scratch)
-	return checkpoint.Export(ctx, ix, src, dst, checkpoint.ExportOptions{
+	rep, err = checkpoint.Export(ctx, ix, src, dst, checkpoint.ExportOptions{
 		ConfigFingerprint: target.Fingerprint(), Layers: cfg.LayersString(), Model: cfg.ServedModel(),
 		Scratch: scratch, Progress: opt.Progress,
 	})
+	switch {
+	case errors.Is(err, checkpoint.ErrForeignTarget):
+		return rep, fmt.Errorf("%w: %w", ErrRefused, err)
+	case errors.Is(err, checkpoint.ErrTargetFull):
+		free := "unknown"
+		if fs, serr := shm.StatFS(to); serr == nil {
+			free = fmt.Sprintf("%d bytes", fs.Free)
+		}
+		return rep, fmt.Errorf("%w: %w (%s free at %s, %d samples exported this time): free room on the target disk or choose another --to, then run export again: it resumes; the source files are fine",
+			ErrTemporary, err, free, to, rep.Exported)
+	}
+	return rep, err
+}
+
+// resolveExisting is path with every symlink of its longest existing prefix resolved;
+// the missing rest is appended as it is.
+func resolveExisting(path string) string {
+	path = filepath.Clean(path)
+	var rest []string
+	for p := path; ; p = filepath.Dir(p) {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			return filepath.Join(append([]string{r}, rest...)...)
+		}
+		if filepath.Dir(p) == p {
+			return path
+		}
+		rest = append([]string{filepath.Base(p)}, rest...)
+	}
+}
+
+// overlaps says whether a and b are the same folder or one holds the other.
+func overlaps(a, b string) bool {
+	sep := string(filepath.Separator)
+	return a == b || strings.HasPrefix(a, strings.TrimSuffix(b, sep)+sep) || strings.HasPrefix(b, strings.TrimSuffix(a, sep)+sep)
 }

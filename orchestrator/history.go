@@ -131,7 +131,7 @@ func ReportInput(ctx context.Context, cfg *configs.Config, all bool) (report.Inp
 		notes = append(notes, fmt.Sprintf("dead shards %v: no live process and not complete; resubmit them", js.Dead))
 	}
 	in := report.Input{
-		Title:  fmt.Sprintf("extract report: %s, %d shards", js.OutputDir, js.Shards),
+		Title:  fmt.Sprintf("extract report: %s, %d shards", shortDir(js.OutputDir), js.Shards),
 		Now:    now,
 		Series: history.Merge(shards),
 		Facts: report.Facts{State: js.State, Total: js.Total, Done: js.Done, Failed: js.Failed, Pending: js.Pending,
@@ -147,7 +147,7 @@ func ReportInput(ctx context.Context, cfg *configs.Config, all bool) (report.Inp
 // statusReport is the report of one job (or shard) from its status and history.
 func statusReport(cfg *configs.Config, st Status, now time.Time) report.Input {
 	recs, note := readHistory(cfg.StateDir)
-	title := "extract report: " + cfg.OutputDir
+	title := "extract report: " + shortDir(cfg.OutputDir)
 	if cfg.Shard.Count > 0 {
 		title += fmt.Sprintf(", shard %d of %d", cfg.Shard.Index, cfg.Shard.Count)
 	}
@@ -168,6 +168,14 @@ func statusReport(cfg *configs.Config, st Status, now time.Time) report.Input {
 		}
 	}
 	return in
+}
+
+// shortDir is a long path's last two elements, for a title (the header names it whole).
+func shortDir(dir string) string {
+	if len(dir) <= 48 {
+		return dir
+	}
+	return "…/" + filepath.Join(filepath.Base(filepath.Dir(dir)), filepath.Base(dir))
 }
 
 // readHistory reads a state dir's history for a report; what went wrong is a note for
@@ -211,13 +219,12 @@ func serveReport(s *statusServer, cfg *configs.Config) {
 	s.mux.Handle("/report.png", page("image/png", func(b *bytes.Buffer, in report.Input) error { return report.WritePNG(b, in) }))
 }
 
-// RecentRates is the job's rate over the last span in n slots, from its history, for
-// a sparkline; ok is false when there is no history to draw.
-func RecentRates(cfg *configs.Config, span time.Duration, n int) (rates []float64, hi float64, ok bool) {
+// RecentRates is the job's rate over the last span (or since its history began) in n
+// slots, from its history, for a sparkline; the span drawn is 0 when there is none.
+func RecentRates(cfg *configs.Config, span time.Duration, n int) (rates []float64, hi float64, drawn time.Duration) {
 	recs, _ := readHistory(cfg.StateDir)
 	if len(recs) == 0 {
-		return nil, 0, false
+		return nil, 0, 0
 	}
-	rates, hi = report.RecentRates(recs, time.Now(), span, n)
-	return rates, hi, true
+	return report.RecentRates(recs, time.Now(), span, n)
 }

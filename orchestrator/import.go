@@ -36,9 +36,12 @@ type ImportReport struct {
 	Converted   int              `json:"converted"`
 	AlreadyDone int              `json:"already_done"`
 	Rejected    []ImportRejected `json:"rejected"`
-	Bytes       int64            `json:"bytes"`
-	Done        int              `json:"done"`
-	Total       int              `json:"total"`
+	// Skipped are files of samples another shard owns (import --shard i/n), left alone.
+	Skipped []ImportRejected `json:"skipped"`
+	Bytes   int64            `json:"bytes"`
+	Done    int              `json:"done"`
+	// Total is the samples this run owns: the shard's range, or the whole dataset.
+	Total int `json:"total"`
 }
 
 // ImportRejected is one file left alone, and why.
@@ -54,7 +57,7 @@ type ImportRejected struct {
 // loses nothing and a rerun finishes the rest: samples already done are skipped.
 // It takes the run lock, and initialises the index as a run would.
 func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (ImportReport, error) {
-	rep := ImportReport{From: opt.From, Rejected: []ImportRejected{}}
+	rep := ImportReport{From: opt.From, Rejected: []ImportRejected{}, Skipped: []ImportRejected{}}
 	if opt.Log == nil {
 		opt.Log = slog.Default()
 	}
@@ -67,6 +70,11 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	}
 	if abs, _ := filepath.Abs(opt.From); abs == cfg.OutputDir {
 		return rep, fmt.Errorf("%w: --from is the output dir itself; `extract verify --repair` adopts extract's own files there", ErrRefused)
+	}
+	// A changed split is refused as run refuses it: the index of one plan must not
+	// take samples another plan's shard owns.
+	if err := checkShardPlan(cfg); err != nil {
+		return rep, err
 	}
 	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {
@@ -101,7 +109,8 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err != nil {
 		return rep, err
 	}
-	rep.Found, rep.Total = len(files), ds.Len()
+	span := spanOf(cfg, ds.Len())
+	rep.Found, rep.Total = len(files), span.size()
 	l := outputLayout(cfg)
 	// Scratch for decompressing a .gz to convert: on the output disk, emptied each time.
 	scratch := filepath.Join(cfg.StateDir, "import-scratch")
@@ -125,6 +134,12 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 			reject(fmt.Sprintf("beyond the dataset's %d samples", ds.Len()))
 			continue
 		}
+		if !span.owns(f.Sample) {
+			// Another shard's sample: its own `import --shard` takes it.
+			rep.Skipped = append(rep.Skipped, ImportRejected{Path: f.Path, Sample: f.Sample,
+				Reason: fmt.Sprintf("shard %d of %d owns it", ShardOf(f.Sample, ds.Len(), cfg.Shard.Count), cfg.Shard.Count)})
+			continue
+		}
 		r, ok, err := ix.Get(f.Sample)
 		if err != nil {
 			return rep, err
@@ -141,12 +156,15 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 			Sample: f.Sample, InputIDs: s.InputIDs, LossMask: s.LossMask, HiddenSize: cfg.HiddenSize(),
 			Layers: cfg.LayersString(), Model: cfg.ServedModel(),
 			DatasetFingerprint: ds.Fingerprint, ConfigFingerprint: cfg.Fingerprint(),
-			RequireExtract: onlyExtract,
+			RequireExtract: onlyExtract, ScratchKeep: int64(cfg.Disk.Reserve),
 		}
 		res, err := checkpoint.Import(ctx, f, l, want, opt.Copy, scratch)
 		if rj, bad := errors.AsType[*checkpoint.RejectError](err); bad {
 			reject(rj.Reason)
 			continue
+		}
+		if errors.Is(err, checkpoint.ErrScratchFull) {
+			return rep, fmt.Errorf("%w: %w", ErrTemporary, err) // exit 75: the disk, not the file
 		}
 		if err != nil {
 			return rep, err

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -94,6 +95,7 @@ type flight struct {
 	responded bool      // its request is over
 	moving    bool
 	abandon   context.CancelFunc // ends its request; nil for an adopted leftover
+	alone     bool               // sent alone to its replica (the poison rule)
 }
 
 // errStateLost means the state dir (or the staging dir) was deleted or replaced under
@@ -183,6 +185,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			LateDumpDelay:   s.Simulator.LateDumpDelay,
 			DecodeDelay:     s.Simulator.DecodeDelay,
 			RequestLog:      s.Simulator.RequestLog,
+			CrashOnSamples:  s.Simulator.CrashOnSamples,
 			GenReplyTokens:  s.Simulator.ReplyTokens, GenEmptyEvery: s.Simulator.EmptyEvery,
 			GenThinkEvery: s.Simulator.ThinkEvery, CrashOnRID: s.Simulator.CrashOnRID,
 			GenContextLength: s.Simulator.ContextLength,
@@ -204,7 +207,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	status, err := startStatusServer(j.cfg.Status.Listen, j.metrics)
 	if err != nil {
-		return res, fmt.Errorf("%w: %v", ErrRefused, err)
+		return res, fmt.Errorf("%w: %v (doctor's check \"status port\" names who holds it)", ErrPreflight, err)
 	}
 	j.status = status
 	defer status.close()
@@ -217,6 +220,17 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	j.openHistory()
 	defer j.closeHistory()
 
+	// Only staging dirs no other user can write are trusted with dumps (invariant 8);
+	// made before anything else would create them.
+	owner, err := stagingOwner(j.cfg)
+	if err != nil {
+		return res, err
+	}
+	for _, dir := range j.cfg.StagingDirs() {
+		if err := shm.PrepareDir(dir, owner); err != nil {
+			return res, fmt.Errorf("%w: %w", ErrPreflight, err)
+		}
+	}
 	if err := j.measure(); err != nil {
 		// Before any work: the output disk or a staging dir is unusable (a file where a
 		// replica's dir belongs). The node's state, exit 3, not a failed sample.
@@ -227,9 +241,6 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	// staging dir, so leftovers of a run with another number of replicas are adopted too.
 	var leftovers []shm.Dump
 	for _, dir := range j.cfg.StagingDirs() {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return res, fmt.Errorf("%w: create staging dir %s: %w", ErrPreflight, dir, err)
-		}
 		w, err := shm.NewWatcher(dir, j.log)
 		if err != nil {
 			return res, err
@@ -283,6 +294,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	c := j.ledger.c
 	res.Done, res.Failed, res.Bytes = c.Done, c.Failed, c.BytesWritten
+	res.Rejected, res.QuarantineDir = maps.Clone(j.rejected), j.quarantine.dir
 	switch {
 	case errors.Is(loopErr, errStateLost):
 		// Nobody could stop the servers after us: their records may be gone with the dir.
@@ -317,7 +329,7 @@ func settle(c checkpoint.Counters, owned, maxAttempts int) error {
 		return fmt.Errorf("%w: the run ended with %d of its %d samples neither done nor failed (%d done, %d failed): the index did not record them (see the log); `extract run --resume` continues",
 			ErrTemporary, owned-c.Done-c.Failed, owned, c.Done, c.Failed)
 	case c.Failed > 0:
-		return fmt.Errorf("%d samples failed, after up to %d attempts each (the log and the index say why); `extract run --resume` retries them", c.Failed, maxAttempts)
+		return fmt.Errorf("%d samples failed, after up to %d attempts each or by killing the server while sent alone (the log and the index say why); `extract run --resume` retries them", c.Failed, maxAttempts)
 	}
 	return nil
 }

@@ -51,7 +51,7 @@ func (j *job) measure() error {
 	}
 	j.budgets = budgets{
 		diskFree: fs.Free, diskReserve: int64(j.cfg.Disk.Reserve),
-		shmUsed: u.Bytes, shmBudget: budget,
+		shmUsed: u.Bytes, shmBudget: budget, shmFree: u.Free,
 		outputDir: j.cfg.OutputDir, shmDir: j.cfg.ShmDir,
 	}
 	j.metrics.shmBytes.Set(float64(u.Bytes))
@@ -72,10 +72,13 @@ func measureStaging(cfg *configs.Config) (shm.Usage, error) {
 			if !os.IsNotExist(errors.Unwrap(err)) {
 				return total, err
 			}
-			if err := os.MkdirAll(dir, 0o755); err != nil {
+			if err := os.MkdirAll(dir, 0o700); err != nil { // gone since shm.PrepareDir: ours alone
 				return total, fmt.Errorf("create staging dir %s: %w", dir, err)
 			}
-			continue
+			// Measured once made: shm_dir's free space is what admission checks.
+			if u, err = shm.Measure(dir); err != nil {
+				return total, err
+			}
 		}
 		if i == 0 {
 			total.Free, total.Total, total.Tmpfs = u.Free, u.Total, u.Tmpfs

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
@@ -60,6 +61,10 @@ type Result struct {
 	Bytes     int64
 	OutputDir string
 	Elapsed   time.Duration
+	// Rejected counts the dumps this run did not accept, by reason (as status's
+	// rejected); the malformed ones are kept in QuarantineDir when room allows.
+	Rejected      map[string]int64
+	QuarantineDir string
 }
 
 // Run runs the job to completion or until ctx is cancelled (a graceful stop).
@@ -152,7 +157,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	j, err := newJob(cfg, opt, ds, ix, lock, started)
 	if err != nil {
-		return res, err
+		return res, damagedIndex(err) // newJob loads every record
 	}
 	res, err = j.run(ctx)
 	if err == nil && dsPath != cfg.Dataset {
@@ -160,6 +165,56 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	res.Elapsed = time.Since(j.started)
 	return res, err
+}
+
+// fieldNames are the config keys behind FingerprintFields' names, for messages.
+var fieldNames = map[string]string{
+	"kind": "server.kind", "model": "server.model_path", "hidden": "hidden size",
+	"layers": "server.layers", "format": "output.format",
+}
+
+// configChange says which settings of the config fingerprint differ from the ones the
+// index's job was made with, e.g. `server.layers was [2 30 58], now [3 31 59]`. An index
+// from before the fields were stored can only show the fingerprints.
+func configChange(meta checkpoint.Meta, cfg *configs.Config) string {
+	if meta.ConfigFields == "" {
+		return fmt.Sprintf("the model, hidden size, captured layers or output format differ from the ones this job was started with (config fingerprint %s, now %s; this index predates recording which)",
+			meta.ConfigFingerprint, cfg.Fingerprint())
+	}
+	old := strings.Split(meta.ConfigFields, "\n")
+	was, now := fieldMap(old), fieldMap(cfg.FingerprintFields())
+	var diffs []string
+	for _, f := range append(old, cfg.FingerprintFields()...) {
+		name, _, _ := strings.Cut(f, "=")
+		w, hadW := was[name]
+		n, hadN := now[name]
+		if w == n && hadW == hadN {
+			continue
+		}
+		label := fieldNames[name]
+		if label == "" {
+			label = name
+		}
+		if !hadW {
+			w = "(default)"
+		}
+		if !hadN {
+			n = "(default)"
+		}
+		diffs = append(diffs, fmt.Sprintf("%s was %s, now %s", label, w, n))
+		delete(was, name)
+		delete(now, name)
+	}
+	return "the config differs from the one this job was started with: " + strings.Join(diffs, "; ")
+}
+
+func fieldMap(fields []string) map[string]string {
+	m := map[string]string{}
+	for _, f := range fields {
+		k, v, _ := strings.Cut(f, "=")
+		m[k] = v
+	}
+	return m
 }
 
 // damagedIndex makes a damaged index a preflight refusal (exit 3) with its fix: exit 1
@@ -188,6 +243,7 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 		DatasetFingerprint: ds.Fingerprint,
 		DatasetPath:        ds.Path,
 		ConfigFingerprint:  cfg.Fingerprint(),
+		ConfigFields:       strings.Join(cfg.FingerprintFields(), "\n"),
 		Total:              ds.Len(),
 		Created:            time.Now().UTC(),
 		OutputFormat:       outputLayout(cfg).Name(),
@@ -224,6 +280,13 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 	}
 	progress := c.Done+c.Failed > 0
 	same := meta.DatasetFingerprint == ds.Fingerprint && meta.ConfigFingerprint == cfg.Fingerprint()
+	if same && meta.ConfigFields == "" {
+		// An index from before the fields were stored: record them now that they are
+		// known to be the job's, so that a later mismatch can name what changed.
+		if err := ix.SetConfigFields(strings.Join(cfg.FingerprintFields(), "\n")); err != nil {
+			return err
+		}
+	}
 	if !progress {
 		if same {
 			return nil // keep the attempt numbers: a rid is never reused
@@ -244,8 +307,8 @@ func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt Ru
 			return fmt.Errorf("%w: output.format is %s, this job was started with %s: resuming would mix formats; restore it, convert the outputs with `extract export`, or start over with --fresh",
 				ErrRefused, outputLayout(cfg).Name(), old.Name())
 		}
-		return fmt.Errorf("%w: the model, hidden size or captured layers differ from the ones this job was started with (config fingerprint %s, now %s): resuming would mix outputs; restore them, or start over with --fresh",
-			ErrRefused, meta.ConfigFingerprint, cfg.Fingerprint())
+		return fmt.Errorf("%w: %s: resuming would mix outputs; restore them, or start over with --fresh",
+			ErrRefused, configChange(meta, cfg))
 	}
 	return nil
 }

@@ -27,7 +27,7 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 }
 
 // pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
-var pauseReasons = []string{"output disk reserve", "staging budget", "cannot store dumps", "no server ready", "output disk behind"}
+var pauseReasons = []string{"output disk reserve", "staging full", "staging budget", "cannot store dumps", "no server ready", "output disk behind", "isolating a sample"}
 
 // backlogPerWindow bounds the dumps waiting to be moved at this many request windows.
 // Staging absorbs the disk's hiccups; a backlog beyond that means the disk is the limit,
@@ -74,8 +74,11 @@ func (j *job) admit() error {
 		_, busy := j.inflight[s]
 		return busy || j.ledger.done(s)
 	}
-	// Each sample goes to the ready replica with the fewest tokens in flight.
+	// Each sample goes to the ready replica with the fewest tokens in flight; one to be
+	// sent alone (the poison rule, admission.died) waits for a replica with no request
+	// open, and has it to itself until answered.
 	load := j.replicaLoad()
+	busy, exclusive := j.replicaRequests()
 	var batch []int
 	var to []*replica
 	now := time.Now()
@@ -84,9 +87,18 @@ func (j *job) admit() error {
 		if s < 0 {
 			break
 		}
-		target := leastLoaded(j.replicas, load)
+		var target *replica
+		if a.alone[s] {
+			target = idleReplica(j.replicas, busy)
+		} else {
+			target = leastLoaded(j.replicas, load, exclusive)
+		}
 		if target == nil {
-			a.paused = append(a.paused, "no server ready: every replica is restarting")
+			if !anyReady(j.replicas) {
+				a.paused = append(a.paused, "no server ready: every replica is restarting")
+			} else {
+				a.paused = append(a.paused, fmt.Sprintf("isolating a sample: sample %d, or one sent before it, was in flight at %d server deaths and goes alone to a replica with nothing else in flight", s, a.deaths[s]))
+			}
 			break
 		}
 		want := j.expectedBytes(s)
@@ -95,6 +107,8 @@ func (j *job) admit() error {
 			break
 		}
 		a.take(fromRetry)
+		busy[target.n] = true
+		exclusive[target.n] = exclusive[target.n] || a.alone[s]
 		batch = append(batch, s)
 		to = append(to, target)
 		load[target.n] += int64(j.ds.Tokens(s))
@@ -117,7 +131,7 @@ func (j *job) admit() error {
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
 		rep := to[i]
 		request, abandon := context.WithCancel(j.workers.ctx)
-		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s), abandon: abandon}
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s), abandon: abandon, alone: a.alone[s]}
 		j.requestsOpen++
 		j.workers.start("sender", func(ctx context.Context) error {
 			defer abandon()
@@ -198,15 +212,19 @@ func (j *job) onSent(r sendResult) error {
 func (j *job) requeue(sample int, reason string) {
 	delete(j.inflight, sample)
 	final, n := j.admission.fail(sample, j.cfg.Run.MaxAttempts, time.Now())
-	if !final {
-		return
+	if final {
+		j.markFailed(sample, reason, n)
 	}
+}
+
+// markFailed records sample failed in the index and the ledger, for the next run to retry.
+func (j *job) markFailed(sample int, reason string, attempts int) {
 	if err := j.ix.MarkFailed(sample, int(j.ledger.attempt[sample]), reason); err != nil {
 		j.log.Error("mark failed", "sample", sample, "err", err)
 		return
 	}
 	j.ledger.set(sample, checkpoint.StateFailed, 0, 0)
-	j.log.Error("sample failed", "sample", sample, "attempts", n, "reason", reason)
+	j.log.Error("sample failed", "sample", sample, "attempts", attempts, "reason", reason)
 }
 
 // checkTimeouts re-sends samples whose request was answered but whose dump never came.

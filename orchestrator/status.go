@@ -56,6 +56,7 @@ type Status struct {
 	OutputDir        string           `json:"output_dir"`
 	StartedAt        *time.Time       `json:"started_at,omitempty"`
 	UpdatedAt        time.Time        `json:"updated_at"`
+	Prepare          *PrepareStatus   `json:"prepare,omitempty"` // a conversation job's prepare step (conversations.go)
 	// Generate is the generate stage (extract generate, generate.enabled), when one ran.
 	Generate *generate.Status `json:"generate,omitempty"`
 }
@@ -245,6 +246,14 @@ func progressPath(stateDir string) string { return filepath.Join(stateDir, "prog
 // QueryStatus answers `extract status`: from the live process when a run holds the lock,
 // else from the index. It never opens the index while a run holds it.
 func QueryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
+	st, err := queryStatus(ctx, cfg)
+	if err == nil {
+		st.Prepare = prepareStatus(cfg)
+	}
+	return st, err
+}
+
+func queryStatus(ctx context.Context, cfg *configs.Config) (Status, error) {
 	h, held := LockHolder(cfg.StateDir)
 	if held && !h.IsRun() {
 		// verify, import or export: no run to ask, and its lock is no sign of one.
@@ -304,13 +313,7 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	path := filepath.Join(cfg.StateDir, "index.db")
 	if _, err := os.Stat(path); err != nil {
 		if os.IsNotExist(err) {
-			// No job started yet: everything in the dataset is pending.
-			st.UpdatedAt = time.Now()
-			if n, err := countLines(cfg.Dataset); err == nil {
-				n = spanOf(cfg, n).size()
-				st.Total, st.Pending = n, n
-			}
-			return st, nil
+			return st, noIndex(cfg, path)
 		}
 		return st, fmt.Errorf("index %s: %w", path, err)
 	}
@@ -340,7 +343,33 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	if info, err := os.Stat(path); err == nil {
 		st.UpdatedAt = info.ModTime()
 	}
+	st.Rejected = lastRejected(cfg.StateDir)
 	return st, nil
+}
+
+// noIndex is status with no index at path: no job has run with this config here, or
+// its state is per shard. A "stopped 0 of N" would read as a job that lost its work
+// (exit 2, as verify answers the same case).
+func noIndex(cfg *configs.Config, path string) error {
+	hint := "has a job run with this config? `extract run` creates it"
+	if plans, err := planDirs(cfg.JobStateDir()); err == nil && len(plans) > 0 && !cfg.Shard.Sharded() {
+		hint = fmt.Sprintf("%s holds a sharded job's state (shard-<i>-of-<n> dirs): `extract status --all` shows the whole job, `--shard i/n` one shard", cfg.JobStateDir())
+	}
+	return fmt.Errorf("%w: no index at %s: %s", ErrRefused, path, hint)
+}
+
+// lastRejected is what the last run's progress snapshot counted as rejected dumps, by
+// reason: the index does not record them, and a status after the run should not say
+// none were.
+func lastRejected(stateDir string) map[string]int64 {
+	var snap struct {
+		Rejected map[string]int64 `json:"rejected"`
+	}
+	b, err := os.ReadFile(progressPath(stateDir))
+	if err != nil || json.Unmarshal(b, &snap) != nil || snap.Rejected == nil {
+		return map[string]int64{}
+	}
+	return snap.Rejected
 }
 
 // countLines counts a JSONL file's samples without decoding them: newline-terminated

@@ -2,13 +2,18 @@ package orchestrator
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang"
 )
@@ -45,13 +50,28 @@ func TestRatesAreMeasuredOverTheRecentWindow(t *testing.T) {
 	}
 }
 
-func TestStatusBeforeTheFirstRunCountsTheDatasetAsPending(t *testing.T) {
-	cfg := &configs.Config{Dataset: writeDataset(t, `{"input_ids": [1]}`+"\n"+`{"input_ids": [2]}`+"\n"+`{"input_ids": [3]}`), StateDir: t.TempDir()}
-	st, err := QueryStatus(context.Background(), cfg)
+func TestStatusWhereNoJobHasRunSaysThereIsNoIndexAndIsAUsageError(t *testing.T) {
+	cfg := &configs.Config{Dataset: writeDataset(t, `{"input_ids": [1]}`+"\n"+`{"input_ids": [2]}`), StateDir: t.TempDir()}
+	_, err := QueryStatus(context.Background(), cfg)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no index at "+filepath.Join(cfg.StateDir, "index.db")) {
+		t.Fatalf("status before any run = %v, want ErrRefused naming the missing index", err)
+	}
+}
+
+// A state dir that holds only shards' state points at --all.
+func TestStatusOfAStateDirHoldingOnlyShardsPointsAtAll(t *testing.T) {
+	state := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(state, configs.ShardDirName(0, 2)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ix, err := checkpoint.Open(filepath.Join(state, configs.ShardDirName(0, 2), "index.db"), checkpoint.OpenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.State != "stopped" || st.Total != 3 || st.Pending != 3 || st.Done != 0 {
-		t.Errorf("status before any run = %+v", st)
+	ix.Close()
+	cfg := &configs.Config{Dataset: writeDataset(t, `{"input_ids": [1]}`), StateDir: state}
+	_, err = QueryStatus(context.Background(), cfg)
+	if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "`extract status --all`") {
+		t.Fatalf("status of a state dir with only shards = %v, want ErrRefused pointing at --all", err)
 	}
 }

@@ -40,7 +40,7 @@ func StopRun(ctx context.Context, cfg *configs.Config) (Holder, bool, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return h, true, fmt.Errorf("%w: run pid %d is still draining (%v); it stops by itself when its in-flight samples are done", ErrTemporary, h.PID, ctx.Err())
+			return h, true, fmt.Errorf("%w: run pid %d is still draining at the timeout; it stops by itself when its in-flight samples are done (`extract status` shows it)", ErrTemporary, h.PID)
 		case <-t.C:
 		}
 	}

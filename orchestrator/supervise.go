@@ -106,15 +106,49 @@ func (j *job) replicaLoad() []int64 {
 }
 
 // leastLoaded is the ready replica with the fewest tokens in flight (the lowest number
-// on a tie), or nil when none is ready.
-func leastLoaded(reps []*replica, load []int64) *replica {
+// on a tie), skipping those that run a sample alone (exclusive, nil for none), or nil
+// when none is left.
+func leastLoaded(reps []*replica, load []int64, exclusive []bool) *replica {
 	var best *replica
 	for _, rep := range reps {
-		if rep.status.State == "ready" && (best == nil || load[rep.n] < load[best.n]) {
+		if rep.status.State == "ready" && (exclusive == nil || !exclusive[rep.n]) && (best == nil || load[rep.n] < load[best.n]) {
 			best = rep
 		}
 	}
 	return best
+}
+
+// idleReplica is the lowest-numbered ready replica with no request open (busy), for a
+// sample to be sent alone; nil when every ready replica has work.
+func idleReplica(reps []*replica, busy []bool) *replica {
+	for _, rep := range reps {
+		if rep.status.State == "ready" && !busy[rep.n] {
+			return rep
+		}
+	}
+	return nil
+}
+
+func anyReady(reps []*replica) bool {
+	for _, rep := range reps {
+		if rep.status.State == "ready" {
+			return true
+		}
+	}
+	return false
+}
+
+// replicaRequests says which replicas have a request open (busy), and which of those
+// run a sample alone (exclusive).
+func (j *job) replicaRequests() (busy, exclusive []bool) {
+	busy, exclusive = make([]bool, len(j.replicas)), make([]bool, len(j.replicas))
+	for _, f := range j.inflight {
+		if f.replica >= 0 && !f.responded {
+			busy[f.replica] = true
+			exclusive[f.replica] = exclusive[f.replica] || f.alone
+		}
+	}
+	return busy, exclusive
 }
 
 // upResult is a replica's launch or adoption, checked for capture, as bringUp ends it.
@@ -350,6 +384,22 @@ func (j *job) onHealth(ctx context.Context, h healthResult) error {
 	return j.serverGone(ctx, rep, true)
 }
 
+// poisonRule settles sample s, in flight at a server death or hang: sent again, alone
+// once it was in flight at server.isolate_after_deaths of them, and failed when the
+// server died with it alone, so a prompt that kills the server ends as that sample's
+// failure (exit 1) instead of a restart loop (exit 75 forever).
+func (j *job) poisonRule(s int, wasAlone bool) {
+	k := max(j.cfg.Server.IsolateAfterDeaths, 1)
+	if j.admission.died(s, k, wasAlone) {
+		j.markFailed(s, fmt.Sprintf("server died with it in flight (sent alone after %d deaths with it in flight)", k), j.admission.deaths[s]+1)
+		return
+	}
+	if j.admission.alone[s] && j.admission.deaths[s] == k {
+		j.log.Warn("sample was in flight at every recent server death: sending it alone", "sample", s, "deaths", k)
+	}
+	j.admission.retryAt(s, time.Now())
+}
+
 // killHung stops a hung replica's process group: SIGTERM, and SIGKILL after 5 s.
 func killHung(ctx context.Context, rep *replica) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
@@ -385,7 +435,7 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 			// and hold a window slot the live replicas could use meanwhile.
 			f.abandon()
 			delete(j.inflight, s)
-			j.admission.retryAt(s, now)
+			j.poisonRule(s, f.alone)
 		}
 	}
 	if j.draining {

@@ -197,8 +197,7 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 		res.Mismatch = fmt.Sprintf("dataset %s (%d samples, sha256 %.12s…) is not the one index %s was made from (%s, %d samples, sha256 %.12s…)",
 			ds.Path, ds.Len(), ds.Fingerprint, path, meta.DatasetPath, meta.Total, meta.DatasetFingerprint)
 	case meta.ConfigFingerprint != cfg.Fingerprint():
-		res.Mismatch = fmt.Sprintf("the model, hidden size or captured layers (%s) are not the ones index %s was made with (config fingerprint %s, now %s)",
-			cfg.LayersString(), path, meta.ConfigFingerprint, cfg.Fingerprint())
+		res.Mismatch = fmt.Sprintf("index %s: %s", path, configChange(meta, cfg))
 	default:
 		opt.Expect = datasetSource{ds}
 	}
@@ -246,7 +245,7 @@ func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why st
 	}()
 	err = ix.Init(checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint, DatasetPath: ds.Path, ConfigFingerprint: cfg.Fingerprint(),
-		Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
+		ConfigFields: strings.Join(cfg.FingerprintFields(), "\n"), Total: ds.Len(), Created: time.Now().UTC(), AttemptBase: rb.AttemptBase,
 		OutputFormat: outputLayout(cfg).Name(), ShardIndex: cfg.Shard.Index, ShardCount: cfg.Shard.Count,
 	})
 	if err != nil {
@@ -306,7 +305,8 @@ func ownedFiles(files []string, opt checkpoint.VerifyOptions) []string {
 }
 
 // jobFiles counts the output files of cfg's layout under its output dir whose names
-// say a sample of span: what a lost index leaves behind. Names only; nothing is opened.
+// say a sample of span: what a lost index leaves behind. Names and types only; nothing
+// is opened (a directory at an output path is a blocked sample, not a lost file).
 func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 	l := outputLayout(cfg)
 	dirs, err := l.DataDirs()
@@ -320,7 +320,7 @@ func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 			return 0, fmt.Errorf("list output files in %s: %w", dir, err)
 		}
 		for _, e := range entries {
-			if s, ok := l.SampleOf(e.Name()); ok && span.owns(s) {
+			if s, ok := l.SampleOf(e.Name()); ok && e.Type().IsRegular() && span.owns(s) {
 				n++
 			}
 		}

@@ -40,6 +40,7 @@ type VerifyAllReport struct {
 	Mismatched int              `json:"mismatched"`
 	PerShard   []VerifyShardRow `json:"per_shard"`
 	Problems   []string         `json:"problems"`
+	Unlisted   int              `json:"unlisted"` // problems past the cap of the list
 	// Generate is each shard's generate index checked against itself and its output,
 	// when the job generated (nil otherwise); GenerateProblems counts what is wrong.
 	Generate         []generate.VerifyReport `json:"generate,omitempty"`
@@ -70,6 +71,8 @@ func (r VerifyAllReport) OK() bool {
 func (r *VerifyAllReport) problem(format string, args ...any) {
 	if len(r.Problems) < maxAllProblems {
 		r.Problems = append(r.Problems, fmt.Sprintf(format, args...))
+	} else {
+		r.Unlisted++
 	}
 }
 

@@ -22,16 +22,17 @@ import inspect
 import io
 import json
 import os
+import re
 import struct
 import sys
 import time
 import types
 import zipfile
 
-import torch
-
+# torch is imported after the arguments are parsed, so --help and a usage error need none.
+torch = None
+HAS_MMAP = False
 NAMES = {"hidden_states": "hidden_state", "aux_hidden_states": "aux_hidden_state"}
-HAS_MMAP = "mmap" in inspect.signature(torch.load).parameters
 notes = []
 
 
@@ -78,12 +79,23 @@ def ref_path(ref_dir, sample):
     return os.path.join(ref_dir, f"rows_{g}-{g + 2000}", f"data_{sample}.safetensors")
 
 
-def compare(path, d, ref_dir, problems):
+def sample_of(path):
+    """The sample a file holds: its extract.json says; a file extract import linked in
+    as SpecForge or Model-Optimizer wrote it has none, and its name (data_<i>.ckpt[.gz],
+    <i>.pt) says."""
     md = metadata(path)
-    if md is None:
-        problems.append(f"{path}: no extract.json")
+    if md is not None:
+        return int(md["sample"])
+    m = re.fullmatch(r"(?:data_)?(\d+)\.(?:ckpt(?:\.gz)?|pt)", os.path.basename(path))
+    return int(m.group(1)) if m else None
+
+
+def compare(path, d, ref_dir, problems):
+    sample = sample_of(path)
+    if sample is None:
+        problems.append(f"{path}: no extract.json, and the name says no sample")
         return
-    _, ref = read_safetensors(ref_path(ref_dir, int(md["sample"])))
+    _, ref = read_safetensors(ref_path(ref_dir, sample))
     keys = {NAMES.get(k, k) for k in d}
     if keys != set(ref):
         problems.append(f"{path}: keys {sorted(d)}, reference {sorted(ref)}")
@@ -171,6 +183,10 @@ def main():
     ap.add_argument("--specforge")
     ap.add_argument("--collate", type=int, default=0)
     a = ap.parse_args()
+    global torch, HAS_MMAP
+    import torch
+
+    HAS_MMAP = "mmap" in inspect.signature(torch.load).parameters
     files = sorted(
         os.path.join(r, n)
         for r, _, ns in os.walk(a.out_dir)

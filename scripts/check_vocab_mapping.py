@@ -21,7 +21,6 @@ import sys
 import types
 from collections import Counter
 
-import torch
 
 
 def load_specforge(src):
@@ -59,6 +58,8 @@ def main():
     ap.add_argument("--target", type=int, required=True)
     ap.add_argument("--specforge", required=True)
     a = ap.parse_args()
+    global torch
+    import torch  # after the arguments: --help needs no torch
     pre = load_specforge(a.specforge)
     token_dict = Counter()
     with open(a.samples) as f:

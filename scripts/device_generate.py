@@ -124,7 +124,14 @@ def find_prompt_end(ids, mask, pos):
 
 
 if __name__ == "__main__":
-    cmd = sys.argv[1]
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd in ("-h", "--help"):
+        print(__doc__)
+        sys.exit(0)
+    want = {"build": 3, "data": 4, "check": 5}
+    if cmd not in want or len(sys.argv) != want[cmd]:
+        print(f"device_generate.py: unknown command or arguments {sys.argv[1:]} (see --help)", file=sys.stderr)
+        sys.exit(2)
     if cmd == "build":
         build(sys.argv[2])
     elif cmd == "data":

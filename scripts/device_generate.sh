@@ -10,6 +10,11 @@
 #
 #   go build -o .devbin/extract ./cmd/extract && bash scripts/device_generate.sh
 set -uo pipefail
+case "${1:-}" in
+"") ;;
+-h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+*) echo "device_generate.sh: takes no arguments, got $1 (see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_generate.py)

@@ -5,7 +5,7 @@
 # not EXTRACT_*: the binary refuses EXTRACT_ variables that name no config key; build it
 # with `go build -o .devbin/extract ./cmd/extract` where Go is). No network.
 #
-#   bash scripts/device_transformers.sh [exact|perf|all]     (default all)
+#   bash scripts/device_transformers.sh [exact|perf|all|variants|tmpfs]     (default all)
 #
 # The two halves fit one 10-minute device call each; models are kept in $W/models
 # between calls on one machine.
@@ -20,8 +20,17 @@
 #   the whole job with the output on the disk and on a tmpfs, the forward-only rate of the
 #   same batches, cp + sync of the same bytes on the same disk, and the ratios against the
 #   targets (whole job >= 0.9 x min(forward, disk); on the tmpfs >= 0.9 x forward).
+# variants: (b)'s tmpfs run under each setting in VARIANTS (';'-separated SERVER_ARGS).
+# tmpfs: the tmpfs targets alone: forward-only (b) and (c), (b)'s tmpfs run under each
+#   of VARIANTS, (c)'s under those C_VARIANTS numbers (default 1), then 256 samples of (b)
+#   checked batched and (a)'s two checks, all under the first variant.
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
+case "${1:-}" in
+-h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+"" | all | exact | perf | variants | tmpfs) ;;
+*) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 MODE=${1:-all}
 BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
@@ -36,6 +45,9 @@ export EXTRACT_LOG_LEVEL=info
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
 WINDOW=256 # run.max_inflight and the server's --window-requests
+# More server flags, as YAML list items: SERVER_ARGS=', "--writers", "16"'
+# run.movers of every run: MOVERS=8
+SERVER_ARGS=${SERVER_ARGS:-}
 say() { echo "$*" | tee -a "$SUMMARY"; }
 now() { date +%s.%N; }
 outputs() { find "$1" -name 'data_*.safetensors' 2>/dev/null | wc -l; }
@@ -59,13 +71,13 @@ server:
   port: $8
   startup_timeout: 5m
   health_interval: 5s
-  extra_args: ["--window-requests", "$WINDOW", "--writers", "8"]
+  extra_args: ["--window-requests", "$WINDOW"$SERVER_ARGS]
   transformers:
     max_batch_tokens: $6
     max_batch_requests: $7
 run:
   max_inflight: $WINDOW
-  movers: 4
+  movers: ${MOVERS:-4}
 disk:
   reserve: 1GiB
 status:
@@ -97,12 +109,17 @@ timed() {
   start=$(now)
   "$BIN" run --config "$W/$1.yaml" >"$W/$1.stdout" 2>"$W/$1.stderr" &
   local run=$!
+  local last=""
   while kill -0 $run 2>/dev/null; do
-    if [ -z "$first" ] && [ "$(outputs "$2")" -gt 0 ]; then first=$(now); fi
+    local n
+    n=$(outputs "$2")
+    if [ -z "$first" ] && [ "$n" -gt 0 ]; then first=$(now); fi
+    # The last output, not the exit: stopping the server and closing the index come after.
+    if [ -z "$last" ] && [ "$n" -ge "$3" ]; then last=$(now); fi
     sleep 0.05
   done
   wait $run; rc=$?
-  end=$(now)
+  end=${last:-$(now)}
   [ $rc -eq 0 ] || { FAIL=1; say "FAIL: $1 exit $rc: $(tail -3 "$W/$1.stderr")"; }
   [ "$(outputs "$2")" -eq "$3" ] || { FAIL=1; say "FAIL: $1 wrote $(outputs "$2") outputs, want $3"; }
   local tokens bytes
@@ -113,7 +130,7 @@ import sys
 name = sys.argv[1]
 start, first, end, tokens, nbytes = map(float, sys.argv[2:])
 steady = max(end - first, 1e-9)
-print(f"{name} {tokens/steady:.0f} {nbytes/steady:.0f} throughput {name}: {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; wall {end-start:.1f}s "
+print(f"{name} {tokens/steady:.0f} {nbytes/steady:.0f} throughput {name}: {int(tokens)} tokens, {nbytes/1e9:.2f} GB written; from the start to the last output {end-start:.1f}s "
       f"(server start included); first output to last {steady:.2f}s: {tokens/steady:,.0f} tok/s, {nbytes/1e9/steady:.2f} GB/s")
 EOF
 }
@@ -126,7 +143,7 @@ disk_rate() {
   mkdir -p "$dst" && cp -r "$2"/rows_* "$dst/" && sync
   t1=$(now)
   bytes=$(du -sb "$dst" | cut -f1)
-  python3 -c "import sys; b,t=float(sys.argv[2]),float(sys.argv[3])-float(sys.argv[1]); print(f'{sys.argv[4]} {b/t:.0f} cp + sync {sys.argv[4]}: {b/1e9:.2f} GB in {t:.2f}s: {b/1e9/t:.2f} GB/s')" "$t0" "$t1" "$bytes" "$1" | tee -a "$W/rates" | cut -d' ' -f3- | tee -a "$SUMMARY"
+  python3 -c "import sys; b,t=float(sys.argv[3]),float(sys.argv[2])-float(sys.argv[1]); print(f'{sys.argv[4]} {b/t:.0f} cp + sync {sys.argv[4]}: {b/1e9:.2f} GB in {t:.2f}s: {b/1e9/t:.2f} GB/s')" "$t0" "$t1" "$bytes" "$1" | tee -a "$W/rates" | cut -d' ' -f3- | tee -a "$SUMMARY"
   rm -rf "$dst"
 }
 
@@ -142,7 +159,7 @@ perf() {
   cp "$TMPOUT/${n}t/.extract/logs/server.log" "$W/${n}t-server.log" 2>/dev/null
   rm -rf "$TMPOUT/${n}t"
   python3 "$HELP" forward-rate "$W/models/$2" "$W/$n.jsonl" --layers "$(echo "$5" | tr -d ' ')" --max-batch-tokens "$7" --max-batch-requests 64 --window "$WINDOW" \
-    | tee "$W/$n-forward.json" | sed "s/^/forward-only $n: /" | tee -a "$SUMMARY"
+    | tail -1 | tee "$W/$n-forward.json" | sed "s/^/forward-only $n: /" | tee -a "$SUMMARY"
   python3 - "$W/rates" "$W/$n-forward.json" "$n" <<'EOF' | tee -a "$SUMMARY"
 import json, sys
 rates = {l.split()[0]: l.split()[1:3] for l in open(sys.argv[1]) if l.strip()}
@@ -196,6 +213,78 @@ if [ "$MODE" = exact ] || [ "$MODE" = all ]; then
   grep -q "adopting server" "$W/b1-out/.extract/logs/extract.log" "$W/b1-resume.stderr" && say "resume adopted server $SPID2"
   say "status b1: $("$BIN" status --json --config "$W/b1.yaml" | tr -d '\n' | cut -c1-400)"
   check b1 "$W/models/big" batched 2,4,6
+fi
+
+if [ "$MODE" = variants ]; then
+  # The tmpfs run of (b) under each server setting in VARIANTS (';'-separated SERVER_ARGS).
+  model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
+  python3 "$HELP" make-data "$W/v.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  i=0
+  IFS=';' read -ra VS <<<"${VARIANTS:-}"
+  for v in "${VS[@]}"; do
+    i=$((i + 1))
+    cp "$W/v.jsonl" "$W/v$i.jsonl"
+    SERVER_ARGS=$v config "v$i" "$W/models/big" 8 4096 "2, 4, 6" 16384 64 $((31200 + i)) "$TMPOUT/v$i"
+    say "variant v$i: $v"
+    timed "v$i" "$TMPOUT/v$i" 1024
+    rm -rf "$TMPOUT/v$i"
+  done
+fi
+
+if [ "$MODE" = tmpfs ]; then
+  # The tmpfs targets alone, in one short call: the forward-only rate of (b) and (c), the
+  # tmpfs run of (b) under each server setting in VARIANTS (';'-separated SERVER_ARGS,
+  # the first one also run on (c)), then a batched exactness check of 256 samples of (b)
+  # under that first setting, and (a)'s two checks. The summary goes to $OUT as it grows.
+  keep() { [ -n "${OUT:-}" ] && cp "$SUMMARY" "$OUT/" 2>/dev/null; true; }
+  # tmpfs_run NAME MODEL LAYERS HIDDEN CAPTURE SAMPLES PORT ARGS: the run, its server's batch times, the ratio
+  tmpfs_run() {
+    SERVER_ARGS=$8 config "$1" "$W/models/$2" "$3" "$4" "$5" 16384 64 "$7" "$TMPOUT/$1"
+    say "variant $1: ${8:-defaults}"
+    timed "$1" "$TMPOUT/$1" "$6"
+    python3 - "$TMPOUT/$1/.extract/logs/server.log" "$W/rates" "$W/${1%%v*}-forward.json" "$1" <<'EOF2' | tee -a "$SUMMARY"
+import json, re, sys
+b = [(float(m[0]), float(m[1])) for m in re.findall(r"batch \d+: width \d+ rids \S+ ms ([\d.]+) wait ([\d.]+)", open(sys.argv[1]).read())]
+rate = float({l.split()[0]: l.split()[1] for l in open(sys.argv[2]) if l.strip()}[sys.argv[4]])
+fwd = json.load(open(sys.argv[3]))["forward_tokens_per_second"]
+print(f"  {sys.argv[4]}: {len(b)} batches, forward thread {sum(x for x, _ in b)/max(len(b),1):.1f} ms a batch, waiting for a host buffer {sum(y for _, y in b)/max(len(b),1):.1f} ms; "
+      f"tmpfs {rate:,.0f} tok/s = {rate/fwd:.2f}x forward-only {fwd:,.0f} (want >= 0.9): {'MET' if rate >= 0.9*fwd else 'MISSED'}")
+EOF2
+    [ "${9:-}" = keep ] || rm -rf "$TMPOUT/$1"
+    keep
+  }
+  fwd_rate() { # NAME MODEL CAPTURE
+    python3 "$HELP" forward-rate "$W/models/$2" "$W/$1.jsonl" --layers "$3" --max-batch-tokens 16384 --max-batch-requests 64 --window "$WINDOW" \
+      | tail -1 | tee "$W/$1-forward.json" | sed "s/^/forward-only $1: /" | tee -a "$SUMMARY"
+    keep
+  }
+  IFS=';' read -ra VS <<<"${VARIANTS:-}"
+  [ ${#VS[@]} -gt 0 ] || VS=("")
+  model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
+  python3 "$HELP" make-data "$W/b.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  fwd_rate b big 2,4,6
+  i=0
+  for v in "${VS[@]}"; do
+    i=$((i + 1)); cp "$W/b.jsonl" "$W/bv$i.jsonl"
+    tmpfs_run "bv$i" big 8 4096 "2, 4, 6" 1024 $((31200 + i)) "$v"
+  done
+  model wide --layers 4 --hidden 7168 --intermediate 18432 --heads 56 --vocab 32000
+  python3 "$HELP" make-data "$W/c.jsonl" --samples 384 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  fwd_rate c wide 1,2,3
+  for j in ${C_VARIANTS:-1}; do
+    cp "$W/c.jsonl" "$W/cv$j.jsonl"
+    tmpfs_run "cv$j" wide 4 7168 "1, 2, 3" 384 $((31300 + j)) "${VS[$((j - 1))]}"
+  done
+  head -256 "$W/b.jsonl" >"$W/bx.jsonl"
+  SERVER_ARGS=${VS[0]} config bx "$W/models/big" 8 4096 "2, 4, 6" 16384 64 31299
+  run_job bx; check bx "$W/models/big" batched 2,4,6; keep
+  model tiny --layers 4 --hidden 256 --intermediate 512 --heads 4 --vocab 1000
+  python3 "$HELP" make-data "$W/a1.jsonl" --samples 64 --min-len 4 --max-len 200 --vocab 1000 >>"$SUMMARY"
+  cp "$W/a1.jsonl" "$W/a2.jsonl"
+  SERVER_ARGS=${VS[0]} config a1 "$W/models/tiny" 4 256 "1, 2, 3" 4096 1 31101
+  SERVER_ARGS=${VS[0]} config a2 "$W/models/tiny" 4 256 "1, 2, 3" 4096 16 31102
+  run_job a1; check a1 "$W/models/tiny" exact 1,2,3
+  run_job a2; check a2 "$W/models/tiny" batched 1,2,3; keep
 fi
 
 if [ "$MODE" = perf ] || [ "$MODE" = all ]; then

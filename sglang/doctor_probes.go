@@ -262,8 +262,29 @@ type PortUse struct {
 	Addr  string
 	InUse bool
 	// Holder is "pid N (cmdline)", or "" when /proc does not tell (another user's
-	// process, another network namespace).
-	Holder string
+	// process, another network namespace); HolderPID is N.
+	Holder    string
+	HolderPID int
+	// ServerID is the holder's EXTRACT_SERVER_ID: a server that an extract launched
+	// (another job's, another shard's), not a stranger.
+	ServerID string
+	// TimeWait: connections in TIME_WAIT hold the port and no process does; the
+	// kernel frees it within a minute.
+	TimeWait bool
+}
+
+// Who says who holds the port, for messages: a process, which extract did not start
+// unless it carries a server id; connections in TIME_WAIT; or someone /proc does not name.
+func (u PortUse) Who() string {
+	switch {
+	case u.Holder != "" && u.ServerID != "":
+		return fmt.Sprintf("%s, a server that extract launched (server id %s) for another job or shard, or before its record was lost", u.Holder, u.ServerID)
+	case u.Holder != "":
+		return u.Holder + ", which extract did not start"
+	case u.TimeWait:
+		return "connections in TIME_WAIT and no process (the kernel frees the port within a minute of their close)"
+	}
+	return "a process that /proc does not name (another user's, or in another network namespace)"
 }
 
 // ProbePort tries to listen on host:port as the server would. An address in use is a
@@ -282,8 +303,13 @@ func ProbePort(host string, port int) (PortUse, error) {
 		if !errors.Is(err, syscall.EADDRINUSE) {
 			return u, err
 		}
-		u.InUse, u.Holder = true, portHolder(port)
-		if u.Holder != "" || time.Now().After(deadline) {
+		u.InUse = true
+		pid, cmd, timeWait := portHolder(port)
+		u.Holder, u.HolderPID, u.TimeWait, u.ServerID = "", pid, timeWait, ""
+		if pid > 0 {
+			u.Holder, u.ServerID = fmt.Sprintf("pid %d (%s)", pid, cmd), serverIDOf(pid)
+		}
+		if pid > 0 || time.Now().After(deadline) {
 			return u, nil
 		}
 		time.Sleep(100 * time.Millisecond)

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -286,5 +287,84 @@ func TestHiddenHolderIsMemoryUsedWithNoProcessListed(t *testing.T) {
 		if got := tc.g.HiddenHolder(); got != tc.want {
 			t.Errorf("HiddenHolder() with %s used and %d process(es) = %v, want %v", formatBytes(tc.g.MemoryUsed), len(tc.g.Processes), got, tc.want)
 		}
+	}
+}
+
+// A port held only by a closed connection in TIME_WAIT (its client had bound it) has no
+// process to name or stop: the message says so, and the launch is not refused as a
+// stranger's (exit 3) but retried (it is free within a minute).
+func TestAPortHeldOnlyInTimeWaitIsSaidToBeAndIsNoStrangersPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Read(make([]byte, 1)) // until the client closes, so the client closes first
+			c.Close()
+		}
+	}()
+	var port int
+	for try := 0; ; try++ {
+		port = 20000 + int(time.Now().UnixNano()%12000)
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: port}}
+		c, err := d.Dial("tcp", ln.Addr().String())
+		if err == nil {
+			c.Close() // the active close: port goes to TIME_WAIT for a minute
+			break
+		}
+		if try == 50 {
+			t.Fatal(err)
+		}
+	}
+	use, err := ProbePort("127.0.0.1", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !use.InUse || use.HolderPID != 0 || !use.TimeWait || !strings.Contains(use.Who(), "TIME_WAIT") || strings.Contains(use.Who(), "/proc does not name") {
+		t.Errorf("ProbePort of a port in TIME_WAIT = %+v, who %q", use, use.Who())
+	}
+	spec := simulatorSpec(t)
+	spec.Port = port
+	m, _ := newManager(t, t.TempDir(), spec)
+	if _, err := m.Ensure(ctxFor(t, 30*time.Second)); err == nil || errors.Is(err, ErrPortTaken) || !strings.Contains(err.Error(), "TIME_WAIT") {
+		t.Errorf("launch onto a port in TIME_WAIT: %v; want a retryable error naming TIME_WAIT, not ErrPortTaken", err)
+	}
+}
+
+// A listener that carries EXTRACT_SERVER_ID is a server some extract launched (another
+// job's, another shard's): named as one, never as a process extract did not start.
+func TestAPortHeldByAServerExtractLaunchedIsNamedAsOne(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Skip("python3 is not on PATH")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	srv := exec.Command(python, "-c", fmt.Sprintf("import socket,time\ns=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('127.0.0.1', %d)); s.listen(); print('up', flush=True); time.sleep(120)", port))
+	srv.Env = append(os.Environ(), serverIDEnv+"=feedc0de")
+	out, _ := srv.StdoutPipe()
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { srv.Process.Kill(); srv.Wait() }()
+	if _, err := out.Read(make([]byte, 2)); err != nil {
+		t.Fatal(err)
+	}
+	use, err := ProbePort("127.0.0.1", port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if use.HolderPID != srv.Process.Pid || use.ServerID != "feedc0de" || !strings.Contains(use.Who(), "a server that extract launched") || strings.Contains(use.Who(), "did not start") {
+		t.Errorf("ProbePort of another extract server's port = %+v, who %q", use, use.Who())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/internal/safetensors"
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // writeDumpPy writes one dump with the hook's own writer.py from hex-encoded tensor
@@ -43,15 +44,18 @@ func TestHookWriterMakesProtocolV1Dumps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// The real-SGLang cases drive a model per commit: minutes on a loaded machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	pyEnv := hookTestEnv()
 
-	unit := exec.CommandContext(ctx, python, "-m", "unittest")
+	unit := exec.CommandContext(ctx, python, "-m", "unittest", "-v")
 	unit.Dir, unit.Env = hookDir, pyEnv
-	if out, err := unit.CombinedOutput(); err != nil {
-		t.Fatalf("python3 -m unittest in %s: %v\n%s", hookDir, err, out)
+	unitOut, err := unit.CombinedOutput()
+	if err != nil {
+		t.Fatalf("python3 -m unittest in %s: %v\n%s", hookDir, err, unitOut)
 	}
+	checkRealSGLangCases(t, unitOut)
 
 	const tokens, hidden = 3, 4
 	aux := hookPattern(tokens*3*hidden*2, 1)
@@ -152,6 +156,36 @@ func hookTestEnv() []string {
 		}
 	}
 	return append(env, "PYTHONDONTWRITEBYTECODE=1")
+}
+
+// checkRealSGLangCases counts the cases test_real_sglang.py ran (one per SGLang commit
+// and model) in unittest's -v output and says so; where ../shared is present, or the
+// kind is required, none is a failure: the file adds zero tests without a word when its
+// discovery goes wrong.
+func checkRealSGLangCases(t *testing.T, out []byte) {
+	t.Helper()
+	ran, skipped := 0, 0
+	for _, line := range strings.Split(string(out), "\n") {
+		if !strings.Contains(line, "(test_real_sglang.RealSGLangTest.") {
+			continue
+		}
+		switch {
+		case strings.HasSuffix(line, " ok"):
+			ran++
+		case strings.Contains(line, "skipped"):
+			skipped++
+		}
+	}
+	t.Logf("real-SGLang hook tests: %d ran, %d skipped", ran, skipped)
+	testsupport.Count(t, testsupport.SGLangSrc, ran)
+	if ran > 0 {
+		return
+	}
+	if src := testsupport.SGLangSource(); src != "" {
+		t.Errorf("%s is present but the real-SGLang hook tests ran none (%d skipped):\n%s", src, skipped, out)
+	} else if testsupport.Required(testsupport.SGLangSrc) {
+		t.Errorf("%s is required but ../shared/sglang-src is absent: no real-SGLang hook test ran", testsupport.SGLangSrc)
+	}
 }
 
 // hookPattern is n bytes that differ from one tensor to the next, so that a swapped or

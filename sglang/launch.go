@@ -63,6 +63,7 @@ type SimulatorSpec struct {
 	LateDumpDelay   time.Duration
 	DecodeDelay     time.Duration
 	RequestLog      string
+	CrashOnSamples  []int
 	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
 	GenReplyTokens, GenEmptyEvery, GenThinkEvery, GenContextLength int
 	CrashOnRID                                                     []string
@@ -215,6 +216,7 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
 			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
+			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
 			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
 			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
 			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},

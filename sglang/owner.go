@@ -117,9 +117,14 @@ func (id *ServerIdentity) Owns(pid int) bool {
 	return id.ServerID != "" && hasEnv(pid, serverIDEnv+"="+id.ServerID)
 }
 
-// PortHolder names the process listening on TCP port, best effort: "pid N (cmdline)",
+// PortHolder names the process holding TCP port, best effort: "pid N (cmdline)",
 // or "" when /proc does not tell (another user's process, another network namespace).
-func PortHolder(port int) string { return portHolder(port) }
+func PortHolder(port int) string {
+	if pid, cmd, _ := portHolder(port); pid > 0 {
+		return fmt.Sprintf("pid %d (%s)", pid, cmd)
+	}
+	return ""
+}
 
 // ProcessCmdline is pid's command line from /proc; the error names the pid.
 func ProcessCmdline(pid int) ([]string, error) {

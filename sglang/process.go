@@ -220,11 +220,11 @@ func (m *Manager) checkPortFree() error {
 	if !use.InUse {
 		return nil
 	}
-	who := use.Holder
-	if who == "" {
-		who = "a process that /proc does not name"
+	if use.TimeWait && use.HolderPID == 0 {
+		// Not ErrPortTaken: nobody to stop, and a retry in a minute finds it free.
+		return fmt.Errorf("port %d on %s is held by %s: try again then", m.Spec.Port, m.Spec.Host, use.Who())
 	}
-	return fmt.Errorf("%w: port %d on %s is taken by %s, which extract did not start (or no longer recognises): stop it, or set server.port to a free port", ErrPortTaken, m.Spec.Port, m.Spec.Host, who)
+	return fmt.Errorf("%w: port %d on %s is taken by %s: stop it, or set server.port to a free port", ErrPortTaken, m.Spec.Port, m.Spec.Host, use.Who())
 }
 
 // launch starts the server in its own session, records it, and waits until it is ready.
@@ -240,7 +240,9 @@ func (m *Manager) launch(ctx context.Context, client *Client, argv []string, fp 
 		return nil, fmt.Errorf("server log dir: %w", err)
 	}
 	// The hook refuses to arm without its directory; a fresh tmpfs after a reboot has none.
-	if err := os.MkdirAll(m.Spec.ShmDir, 0o755); err != nil {
+	// The run made it (shm.PrepareDir, with shm_group's mode); if it is gone, only we may
+	// write the new one.
+	if err := os.MkdirAll(m.Spec.ShmDir, 0o700); err != nil {
 		return nil, fmt.Errorf("server shm dir: %w", err)
 	}
 	if m.Spec.HookDir != "" {

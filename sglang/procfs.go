@@ -117,10 +117,12 @@ func groupMembers(pgid int) []int {
 	return pids
 }
 
-// portHolder names the process listening on TCP port, best effort: "pid N (cmdline)", or
-// "" when /proc does not tell (another user's process, another network namespace).
-func portHolder(port int) string {
-	inodes := map[string]bool{}
+// portHolder finds who holds TCP port: the process with a socket on it (a listener
+// first, else any other, such as a connection bound to it), best effort; pid 0 when
+// /proc does not tell (another user's process, another network namespace). timeWait
+// says whether connections in TIME_WAIT hold it, which no process owns.
+func portHolder(port int) (pid int, cmdline string, timeWait bool) {
+	listen, other := map[string]bool{}, map[string]bool{}
 	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		f, err := os.Open(table)
 		if err != nil {
@@ -130,18 +132,36 @@ func portHolder(port int) string {
 		for sc.Scan() {
 			// sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
 			fields := strings.Fields(sc.Text())
-			if len(fields) < 10 || fields[3] != "0A" { // 0A: LISTEN
+			if len(fields) < 10 {
 				continue
 			}
 			_, hexPort, ok := strings.Cut(fields[1], ":")
-			if p, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(p) == port {
-				inodes["socket:["+fields[9]+"]"] = true
+			if p, err := strconv.ParseUint(hexPort, 16, 16); !ok || err != nil || int(p) != port {
+				continue
+			}
+			switch fields[3] {
+			case "0A": // LISTEN
+				listen["socket:["+fields[9]+"]"] = true
+			case "06": // TIME_WAIT: its inode is 0, no process has it
+				timeWait = true
+			default:
+				other["socket:["+fields[9]+"]"] = true
 			}
 		}
 		f.Close()
 	}
+	for _, inodes := range []map[string]bool{listen, other} {
+		if pid, cmdline := socketOwner(inodes); pid > 0 {
+			return pid, cmdline, timeWait
+		}
+	}
+	return 0, "", timeWait
+}
+
+// socketOwner is the first process with an fd on one of the socket inodes.
+func socketOwner(inodes map[string]bool) (int, string) {
 	if len(inodes) == 0 {
-		return ""
+		return 0, ""
 	}
 	for _, pid := range listPIDs() {
 		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
@@ -152,8 +172,23 @@ func portHolder(port int) string {
 			link, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
 			if err == nil && inodes[link] {
 				cmd, _ := readCmdline(pid)
-				return fmt.Sprintf("pid %d (%s)", pid, strings.Join(cmd, " "))
+				return pid, strings.Join(cmd, " ")
 			}
+		}
+	}
+	return 0, ""
+}
+
+// serverIDOf is the EXTRACT_SERVER_ID in pid's initial environment: set on every process
+// of a server some extract launched, whichever job or shard; "" for any other process.
+func serverIDOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return ""
+	}
+	for _, e := range bytes.Split(b, []byte{0}) {
+		if v, ok := bytes.CutPrefix(e, []byte(serverIDEnv+"=")); ok {
+			return string(v)
 		}
 	}
 	return ""

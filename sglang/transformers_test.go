@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // torchPython is a Python that imports torch (Debian's python3-torch on CI), or "".
@@ -34,7 +36,7 @@ func transformersSpec(t *testing.T) LaunchSpec {
 func TestTransformersServerUnitTestsPassWithTheTinyModule(t *testing.T) {
 	py := torchPython()
 	if py == "" {
-		t.Skip("no python3 here imports torch (apt-get install python3-torch): the server's tests need it")
+		testsupport.Unavailable(t, testsupport.TransformersServer, "no python3 here imports torch (apt-get install python3-torch): the server's tests need it")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -112,7 +114,7 @@ func TestInstalledTransformersServerImportsTheHooksWriter(t *testing.T) {
 func TestTransformersProbeReportsTorchAndAMissingTransformersAsFacts(t *testing.T) {
 	py := torchPython()
 	if py == "" {
-		t.Skip("no python3 here imports torch (apt-get install python3-torch)")
+		testsupport.Unavailable(t, testsupport.TransformersServer, "no python3 here imports torch (apt-get install python3-torch)")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

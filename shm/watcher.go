@@ -31,10 +31,11 @@ type Watcher struct {
 	seen       map[string]bool // names already reported, so a noisy entry logs once
 }
 
-// NewWatcher creates dir if needed and starts watching it. The watch is added here, before
+// NewWatcher creates dir if needed (0700; a run prepares it first, see PrepareDir) and
+// starts watching it. The watch is added here, before
 // any scan, so a dump renamed in between is seen by one or the other.
 func NewWatcher(dir string, log *slog.Logger) (*Watcher, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create staging dir %s: %w", dir, err)
 	}
 	fsw, err := fsnotify.NewBufferedWatcher(4096)

@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand"
 	"os"
 	"os/exec"
@@ -152,6 +154,31 @@ func (j *job) killWhen(cond func() bool) bool {
 	}
 }
 
+// safetensorsMetadata reads a safetensors file's __metadata__ on its own.
+func safetensorsMetadata(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var n [8]byte
+	if _, err := io.ReadFull(f, n[:]); err != nil {
+		t.Fatal(err)
+	}
+	hdr := make([]byte, binary.LittleEndian.Uint64(n[:]))
+	if _, err := io.ReadFull(f, hdr); err != nil {
+		t.Fatal(err)
+	}
+	var h struct {
+		Metadata map[string]string `json:"__metadata__"`
+	}
+	if err := json.Unmarshal(hdr, &h); err != nil {
+		t.Fatal(err)
+	}
+	return h.Metadata
+}
+
 type prepManifest struct {
 	Chunks   []json.RawMessage `json:"chunks"`
 	Complete bool              `json:"complete"`
@@ -256,10 +283,22 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 		t.Fatalf("refused.jsonl lists %d lines, %d were bad", n, len(cases)-len(j.samples))
 	}
 
-	// Every output file once, with the contract's ids and mask and the simulator's rows.
+	// Every output file once, with the contract's ids and mask and the simulator's rows,
+	// and its conversation's id in the metadata (read from the header here: 8 bytes of
+	// length, then JSON).
+	var ids []string
+	for _, c := range cases {
+		if c.turns != nil {
+			ids = append(ids, c.id)
+		}
+	}
 	for i, s := range j.samples {
-		if err := j.checkFile(j.layout().Path(i), i, s); err != nil {
+		path := j.layout().Path(i)
+		if err := j.checkFile(path, i, s); err != nil {
 			t.Fatalf("sample %d: %v", i, err)
+		}
+		if got := safetensorsMetadata(t, path)["source_id"]; got != ids[i] {
+			t.Fatalf("sample %d: source_id %q in %s, want %q", i, got, path, ids[i])
 		}
 	}
 	if n := j.outputFiles(); n != len(j.samples) {
@@ -278,8 +317,12 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 			t.Fatalf("the vocabulary differs from SpecForge's: %v\n%s", err, out)
 		}
 	}
-	if st := j.status(); st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
+	st := j.status()
+	if st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
 		t.Fatalf("status %v", st)
+	}
+	if p, _ := st["prepare"].(map[string]any); p == nil || int(p["refused"].(float64)) != len(cases)-len(j.samples) || int(p["accepted"].(float64)) != len(j.samples) {
+		t.Fatalf("status's prepare: %v", st["prepare"])
 	}
 }
 
@@ -302,5 +345,23 @@ func TestPrepareShowMarksTheLossInAPipe(t *testing.T) {
 	res := j.run("prepare", "--show", "2")
 	if res.code != 0 || !strings.Contains(res.stdout, "<|im_start|>assistant\n[[") || !strings.Contains(res.stdout, "<|im_end|>]]") {
 		t.Fatalf("exit %d\n%s\n%s", res.code, res.stdout, res.stderr)
+	}
+}
+
+func TestAConversationRunWithAnUnusableTokenizerFolderIsRefusedBeforeAnyServer(t *testing.T) {
+	j := newJob(t, 1, 0)
+	writeConversations(t, j.dataset, 5)
+	model := t.TempDir()
+	os.WriteFile(filepath.Join(model, "config.json"), []byte(`{"vocab_size": 1000}`), 0o644) // weights' config, no tokenizer
+	j.env = append(j.env, "EXTRACT_SERVER_KIND=transformers", "EXTRACT_SERVER_MODEL_PATH="+model)
+	res := j.run("run")
+	if res.code != 3 || !strings.Contains(res.stderr, "has no tokenizer.json") {
+		t.Fatalf("exit %d\n%s", res.code, res.stderr)
+	}
+	if _, err := os.Stat(filepath.Join(j.state, "server.json")); err == nil {
+		t.Fatal("a server was launched")
+	}
+	if res := j.run("doctor"); res.code != 3 || !strings.Contains(res.stdout+res.stderr, "tokenizer") {
+		t.Fatalf("doctor: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 }

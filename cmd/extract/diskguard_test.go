@@ -9,6 +9,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -18,8 +19,9 @@ func smallDisk(t *testing.T, j *job, size string) string {
 	t.Helper()
 	mnt := filepath.Join(t.TempDir(), "disk")
 	os.MkdirAll(mnt, 0o755)
+	testsupport.Require(t, testsupport.Root)
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size="+size); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "mount a tmpfs: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	j.out = filepath.Join(mnt, "out")

@@ -16,11 +16,12 @@ func newDoctorCmd() *cobra.Command {
 	var cf configFlags
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "doctor [--config F] [--json]",
+		Use:   "doctor [--config F] [--shard i/n] [--json]",
 		Short: "Check whether a run could start here: GPUs and who holds them, storage, model, hook, staging, index",
 		Long: `Check whether a run could start on this machine, each check ok, warn or fail with
-its reason and what to do. Exit 0 when a run could start (warnings allowed), 3 when a
-check failed, 2 on a bad config.`,
+its reason and what to do.
+Exit codes: 0 a run could start (warnings allowed); 3 a check failed; 2 bad config or
+usage.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			cfg, err := cf.load(cmd)

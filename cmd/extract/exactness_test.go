@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -299,9 +300,7 @@ func TestDeletingTheStagingDirMidRunEndsTheRunForCronToResume(t *testing.T) {
 // Issue 8 review: a file another user planted under extract's held-for-quarantine name
 // is neither copied nor deleted.
 func TestAnotherUsersFileUnderTheQuarantineNameIsLeftAlone(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to plant a file owned by another user")
-	}
+	testsupport.Require(t, testsupport.Root) // to plant a file owned by another user
 	j := newJob(t, 20, 0)
 	planted := filepath.Join(j.shmDir, ".quarantine-s000000001-a1.safetensors")
 	if err := os.WriteFile(planted, []byte("victim-data"), 0o644); err != nil {

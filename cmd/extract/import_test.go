@@ -12,15 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
 // debianTorch is /usr/bin/python3 when it has torch (Debian's python3-torch).
 func debianTorch(t *testing.T) string {
 	t.Helper()
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		t.Skipf("no torch for /usr/bin/python3 (apt-get install python3-torch): %v %s", err, out)
-	}
+	testsupport.Require(t, testsupport.Torch)
 	return "/usr/bin/python3"
 }
 

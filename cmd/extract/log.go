@@ -65,6 +65,9 @@ func (l *lazyFile) close() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f != nil {
-		l.f.Close()
+		if err := l.f.Close(); err != nil {
+			// The log is closing at exit: stderr is the one place left to say it.
+			fmt.Fprintf(os.Stderr, "extract: close %s: %v\n", l.path, err)
+		}
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 
 	"github.com/extract-dev/extract/configs"
@@ -81,14 +83,30 @@ func newRootCmd() *cobra.Command {
 		Short:         "Crash-safe hidden-state extraction for EAGLE-3 training",
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Args:          noArgs,
+		Args:          unknownCommand,
 		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+		Version:       versionLine(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.SuggestionsMinimumDistance = 2
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
 	})
 	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd(), newPrepareCmd(), newVocabCmd(), newReportCmd(), newGenerateCmd())
 	return root
+}
+
+// unknownCommand refuses a word that names no command, suggesting the nearest ones:
+// with Args set, cobra hands the root's unknown words to it instead of suggesting.
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q", args[0])
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		msg += "; did you mean " + strings.Join(s, " or ") + "?"
+	}
+	return usageError{fmt.Errorf("%s (see `extract --help`)", msg)}
 }
 
 // noArgs refuses positional arguments as a usage error (exit 2).
@@ -105,14 +123,22 @@ type configFlags struct {
 	shard string
 }
 
-func (f *configFlags) register(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&f.file, "config", "c", os.Getenv("EXTRACT_CONFIG"), "config file (YAML); env EXTRACT_CONFIG")
-	cmd.Flags().String("dataset", "", "dataset JSONL (config key dataset)")
-	cmd.Flags().String("output-dir", "", "output directory (config key output_dir)")
-	cmd.Flags().String("state-dir", "", "state directory (config key state_dir; default <output_dir>/.extract)")
-	cmd.Flags().String("shm-dir", "", "staging directory on tmpfs (config key shm_dir)")
-	cmd.Flags().String("status-listen", "", "host:port of the live status and metrics endpoint (config key status.listen)")
-	cmd.Flags().StringVar(&f.shard, "shard", "", "this run's shard of a job split across nodes: i/n, or auto (Slurm array / Kubernetes Indexed Job), auto/n (config keys shard.index, shard.count)")
+// register adds the config flags to cmd, but those named in omit: a command's help lists
+// only the flags it acts on (plan splits the job, so it takes no --shard; only run and
+// doctor use the status endpoint's address).
+func (f *configFlags) register(cmd *cobra.Command, omit ...string) {
+	fl := cmd.Flags()
+	fl.StringVarP(&f.file, "config", "c", os.Getenv("EXTRACT_CONFIG"), "config file (YAML); env EXTRACT_CONFIG")
+	fl.String("dataset", "", "dataset JSONL (config key dataset)")
+	fl.String("output-dir", "", "output directory (config key output_dir)")
+	fl.String("state-dir", "", "state directory (config key state_dir; default <output_dir>/.extract)")
+	fl.String("shm-dir", "", "staging directory on tmpfs (config key shm_dir)")
+	if !slices.Contains(omit, "status-listen") {
+		fl.String("status-listen", "", "host:port of the live status and metrics endpoint (config key status.listen)")
+	}
+	if !slices.Contains(omit, "shard") {
+		fl.StringVar(&f.shard, "shard", "", "this run's shard of a job split across nodes: i/n, or auto (Slurm array / Kubernetes Indexed Job), auto/n (config keys shard.index, shard.count)")
+	}
 }
 
 func (f *configFlags) load(cmd *cobra.Command) (*configs.Config, error) {

@@ -19,7 +19,8 @@ func newPlanCmd() *cobra.Command {
 		Long: `Print how the job splits in n shards. Shard i of n owns the contiguous samples
 [floor(i*N/n), floor((i+1)*N/n)) of a dataset of N samples; run it with
 ` + "`extract run --resume --shard i/n`" + ` (or --shard auto in a Slurm array or a Kubernetes
-Indexed Job). Nothing is written.`,
+Indexed Job). Nothing is written.
+Exit codes: 0 printed; 2 bad config, dataset or usage.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if shards < 1 {
@@ -51,7 +52,7 @@ Indexed Job). Nothing is written.`,
 			return tw.Flush()
 		},
 	}
-	cf.register(cmd)
+	cf.register(cmd, "shard", "status-listen")
 	cmd.Flags().IntVar(&shards, "shards", 0, "number of shards (e.g. the Slurm array's size)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd

@@ -21,6 +21,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/internal/lazyfs"
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
@@ -75,7 +76,7 @@ func mountLazyDisk(t *testing.T) (*lazyfs.FS, string) {
 	disk := lazyfs.New()
 	if err := disk.Mount(mnt); err != nil {
 		if errors.Is(err, lazyfs.ErrUnavailable) {
-			t.Skipf("needs a FUSE mount: %v", err)
+			testsupport.Unavailable(t, testsupport.FUSE, "mount lazyfs: %v", err)
 		}
 		t.Fatal(err)
 	}
@@ -493,9 +494,7 @@ var noFsyncBin = sync.OnceValues(func() (string, error) {
 // The twin proves the power-cut test bites: with the output file's fsync compiled out,
 // some sample is done in the index while its file did not survive.
 func TestPowerCutWithoutOutputFsyncIsCaught(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("power-cut test needs /dev/fuse: %v", err)
-	}
+	testsupport.Require(t, testsupport.FUSE)
 	bin, err := noFsyncBin()
 	if err != nil {
 		t.Fatal(err)

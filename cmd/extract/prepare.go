@@ -36,7 +36,7 @@ conversation with its loss spans marked and writes nothing.
 --from defaults to the config's dataset, --to to <state_dir>/prepare (where extract run
 keeps it). See docs/dataset.md.
 
-Exit status: 0 prepared; 1 failed; 2 bad config, a refused line under prepare.strict, no
+Exit codes: 0 prepared; 1 failed; 2 bad config, a refused line under prepare.strict, no
 conversation accepted, or DIR prepared from other inputs.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

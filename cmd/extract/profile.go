@@ -43,7 +43,7 @@ func startProfiles(args []string) (stop func()) {
 		warn(err)
 	} else if err := pprof.StartCPUProfile(cpu); err != nil {
 		warn(err)
-		cpu.Close()
+		closeWarn(cpu, warn)
 		cpu = nil
 	}
 	tr, err := os.Create(filepath.Join(dir, "trace-"+base+".out"))
@@ -51,17 +51,17 @@ func startProfiles(args []string) (stop func()) {
 		warn(err)
 	} else if err := trace.Start(tr); err != nil {
 		warn(err)
-		tr.Close()
+		closeWarn(tr, warn)
 		tr = nil
 	}
 	return func() {
 		if tr != nil {
 			trace.Stop()
-			tr.Close()
+			closeWarn(tr, warn)
 		}
 		if cpu != nil {
 			pprof.StopCPUProfile()
-			cpu.Close()
+			closeWarn(cpu, warn)
 		}
 		for _, p := range []string{"block", "mutex"} {
 			f, err := os.Create(filepath.Join(dir, p+"-"+base+".pprof"))
@@ -72,7 +72,15 @@ func startProfiles(args []string) (stop func()) {
 			if err := pprof.Lookup(p).WriteTo(f, 0); err != nil {
 				warn(err)
 			}
-			f.Close()
+			closeWarn(f, warn)
 		}
+	}
+}
+
+// closeWarn closes a profile file: a close that fails may have lost the profile's end,
+// which is worth a warning, not a failed command.
+func closeWarn(f *os.File, warn func(error)) {
+	if err := f.Close(); err != nil {
+		warn(err)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -9,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // blockWithDir puts a non-empty directory at path: nothing extract does may remove it.
@@ -170,7 +173,7 @@ func TestARebuildThatFillsTheStateDiskRepairsNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=16m"); err != nil {
-		t.Skipf("cannot mount a tmpfs here (need root): %v", err)
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
 	}
 	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
 	j.state = mnt
@@ -192,19 +195,31 @@ func TestARebuildThatFillsTheStateDiskRepairsNothing(t *testing.T) {
 	}
 }
 
-// fillDisk writes a filler file into dir until only about left bytes are free.
+// fillDisk writes dir/filler until only about left bytes are free (or the disk is
+// full: others may be writing to it at the same time).
 func fillDisk(t *testing.T, dir string, left int64) {
 	t.Helper()
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
+	f, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	free := int64(st.Bavail) * st.Bsize
-	if free <= left {
-		return
-	}
-	if err := os.WriteFile(filepath.Join(dir, "filler"), make([]byte, free-left), 0o600); err != nil {
-		t.Fatal(err)
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		free := int64(st.Bavail) * st.Bsize
+		if free <= left {
+			return
+		}
+		if _, err := f.Write(buf[:min(int64(len(buf)), free-left)]); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return
+			}
+			t.Fatal(err)
+		}
 	}
 }
 
@@ -223,4 +238,59 @@ func TestAReplicaStagingDirThatIsAFileRefusesTheRunWithExitThree(t *testing.T) {
 	if r.code != 3 || !strings.Contains(r.stderr, filepath.Join(j.shmDir, "r1")) {
 		t.Fatalf("run with a file at replica 1's staging dir: exit %d, want 3 naming it\n%s", r.code, r.stderr)
 	}
+}
+
+// The end of a run sums up the dumps it rejected and where the malformed ones are kept,
+// and `status --json` afterwards says the same counts as the run's last snapshot.
+func TestARunEndsWithItsRejectedDumpsAndStatusKeepsTheirCounts(t *testing.T) {
+	j := newJob(t, 30, 0)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_CORRUPT_EVERY=7")
+	r := j.mustRun("run")
+	m := regexp.MustCompile(`(\d+) dumps rejected this run \(malformed (\d+)\); the malformed ones are kept in (\S+) for inspection`).FindStringSubmatch(r.stdout)
+	if m == nil {
+		t.Fatalf("the run's summary does not mention the rejected dumps:\n%s", r.stdout)
+	}
+	if m[3] != filepath.Join(j.state, "quarantine") {
+		t.Errorf("the summary names %s as the quarantine", m[3])
+	}
+	malformed, _ := strconv.Atoi(m[2])
+	if malformed < 4 {
+		t.Errorf("%d malformed dumps for every 7th of 30+", malformed)
+	}
+	st := j.status()
+	rej, _ := st["rejected"].(map[string]any)
+	if num(rej["malformed"]) != malformed {
+		t.Fatalf("status after the run: rejected %v, want malformed %d as the run counted", st["rejected"], malformed)
+	}
+	j.requireExact()
+}
+
+// A staging filesystem that others fill below the staging budget pauses admission with
+// the reason "staging full" (status, not an empty pause list while nothing moves), and
+// the run resumes by itself once room returns.
+func TestAStagingDiskFilledByOthersShowsAsStagingFullAndTheRunResumes(t *testing.T) {
+	j := newJob(t, 150, 3000)
+	mnt := filepath.Join(t.TempDir(), "shm")
+	if err := os.MkdirAll(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mount("tmpfs", mnt, "tmpfs", 0, "size=32m"); err != nil {
+		testsupport.Unavailable(t, testsupport.Root, "cannot mount a tmpfs here: %v", err)
+	}
+	t.Cleanup(func() { syscall.Unmount(mnt, syscall.MNT_DETACH) })
+	j.shmDir = filepath.Join(mnt, "staging")
+	j.env = append(j.env, "EXTRACT_SHM_DIR="+j.shmDir, "EXTRACT_SHM_BUDGET=16MiB")
+	_, wait := j.start("run")
+	j.waitStatus("progress", func(st map[string]any) bool { return num(st["done"]) > 5 })
+	filler := filepath.Join(mnt, "filler")
+	fillDisk(t, mnt, 4<<10)
+	st := j.waitStatus("admission paused by a full staging disk", func(st map[string]any) bool { return paused(st, "staging full") })
+	t.Logf("paused at %v of %v samples: %v", st["done"], st["total"], st["paused"])
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	if code, stderr := wait(); code != 0 {
+		t.Fatalf("run exit %d after room returned\n%s", code, stderr)
+	}
+	j.requireExact()
 }

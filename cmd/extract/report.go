@@ -35,7 +35,7 @@ PNG. Without --out the page goes to stdout. With --all, every shard of the plan 
 the state dir, added up. A running job's status endpoint serves the same page at
 /report and /report.png.
 
-Exit status: 0 written; 1 failed; 2 bad usage (an --out that is neither .html nor .png).`,
+Exit codes: 0 written; 1 failed; 2 bad usage (an --out that is neither .html nor .png).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := reportWriter(opt.out); err != nil {
@@ -94,11 +94,11 @@ const (
 // printSparkline writes the job's rate over the last minutes as one line of blocks,
 // from its history; nothing when there is none yet.
 func printSparkline(w io.Writer, cfg *configs.Config) {
-	rates, hi, ok := orchestrator.RecentRates(cfg, sparkSpan, sparkWidth)
-	if !ok {
+	rates, hi, span := orchestrator.RecentRates(cfg, sparkSpan, sparkWidth)
+	if span <= 0 {
 		return
 	}
-	fmt.Fprintf(w, "last %s: %s  (peak %.2f samples/s)\n", sparkSpan, report.Sparkline(rates), hi)
+	fmt.Fprintf(w, "rate, last %s: %s (peak %.2f samples/s)\n", span.Round(time.Second), report.Sparkline(rates), hi)
 }
 
 // isTerminalWriter says whether w is a terminal: the sparkline is for a person watching.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"image"
 	"image/png"
 	"io"
@@ -18,33 +19,17 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/internal/history"
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 var updateDocs = flag.Bool("update-docs", false, "copy the report's screenshot to docs/report.png")
 
-// requireOrSkip skips a test that needs what this machine lacks, unless
-// EXTRACT_CI_REQUIRE names that kind (comma-separated): then CI fails instead of
-// passing with the test unrun.
-func requireOrSkip(t *testing.T, kind, why string) {
-	t.Helper()
-	for _, k := range strings.Split(os.Getenv("EXTRACT_CI_REQUIRE"), ",") {
-		if strings.TrimSpace(k) == kind {
-			t.Fatalf("EXTRACT_CI_REQUIRE names %s, but: %s", kind, why)
-		}
-	}
-	t.Skip(why)
-}
-
-// chromium finds Debian's chromium, or skips (`apt-get install -y chromium`).
+// chromium is Debian's chromium; without it the test skips, or fails where CI requires
+// the kind (`apt-get install -y chromium`).
 func chromium(t *testing.T) string {
 	t.Helper()
-	for _, p := range []string{"chromium", "chromium-browser", "google-chrome"} {
-		if path, err := exec.LookPath(p); err == nil {
-			return path
-		}
-	}
-	requireOrSkip(t, "chromium", "no chromium to render the report in (apt-get install -y chromium)")
-	return ""
+	testsupport.Require(t, testsupport.Chromium)
+	return testsupport.ChromiumPath()
 }
 
 // headless runs chromium on a page with every network path closed: a proxy on a dead
@@ -118,6 +103,11 @@ func TestTheReportOfATwoReplicaJobWithRestartsAndAPauseLoadsInChromiumWithNoNetw
 		return num(ss[0]["restarts"]) == 1 && num(ss[1]["restarts"]) == 1 && allReady(2)(st)
 	})
 	checkLiveReport(t, j)
+	live := filepath.Join(j.dir, "live.png")
+	if r := j.run("report", "--out", live); r.code != 0 {
+		t.Fatalf("report of the running job: exit %d\n%s", r.code, r.stderr)
+	}
+	decodePNG(t, live)
 	if code, stderr := wait(); code != 0 {
 		t.Fatalf("run exit %d\n%s", code, stderr)
 	}
@@ -244,4 +234,84 @@ func countPixels(img image.Image, match func(r, g, b uint32) bool) int {
 		}
 	}
 	return n
+}
+
+// TestReportAllAddsUpTheShardsHistoriesAndStatusWatchDrawsASparklineOnATerminal runs a
+// job of two shards side by side, then draws `report --all` (both shards' replicas,
+// both runs) and one shard's report, and watches a shard's status on a terminal.
+func TestReportAllAddsUpTheShardsHistoriesAndStatusWatchDrawsASparklineOnATerminal(t *testing.T) {
+	const n, samples = 2, 120
+	j := newJob(t, samples, 3000)
+	t.Cleanup(func() { j.stopShardServers(n) })
+	errs := make(chan string, n)
+	for i := range n {
+		go func() {
+			cmd := j.command("run", "--resume", "--shard", fmt.Sprintf("%d/%d", i, n))
+			cmd.Env = j.shardEnv(t)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				errs <- fmt.Sprintf("shard %d: %v\n%s", i, err, out)
+				return
+			}
+			errs <- ""
+		}()
+	}
+	for range n {
+		if e := <-errs; e != "" {
+			t.Fatal(e)
+		}
+	}
+	page := filepath.Join(j.dir, "all.html")
+	if r := j.run("report", "--all", "--out", page); r.code != 0 {
+		t.Fatalf("report --all: exit %d\n%s", r.code, r.stderr)
+	}
+	html := mustRead(t, page)
+	for _, want := range []string{"2 shards", "120 / 120 samples (100.0%)", "state complete",
+		`class="series series-replica series-replica-0"`, `class="series series-replica series-replica-1"`,
+		"shard 0 replica 0", "shard 1 replica 0", "shard 0: run started", "shard 1: run started"} {
+		if !strings.Contains(html, want) {
+			t.Errorf("report --all lacks %q", want)
+		}
+	}
+	if r := j.run("report", "--all", "--out", filepath.Join(j.dir, "all.png")); r.code != 0 {
+		t.Fatalf("report --all --out .png: exit %d\n%s", r.code, r.stderr)
+	}
+	decodePNG(t, filepath.Join(j.dir, "all.png"))
+	one := j.run("report", "--shard", "1/2")
+	if one.code != 0 || !strings.Contains(one.stdout, "shard 1 of 2") || !strings.Contains(one.stdout, "60 / 60 samples") {
+		t.Fatalf("report --shard 1/2: exit %d\n%.600s\n%s", one.code, one.stdout, one.stderr)
+	}
+	if r := j.run("report", "--out", "report.pdf"); r.code != 2 {
+		t.Errorf("report --out report.pdf: exit %d, want 2", r.code)
+	}
+
+	// status --watch on a terminal: the sparkline of the last minutes' rate.
+	ptm, pts := openPTY(t, 160)
+	cmd := j.command("status", "--watch", "300ms", "--shard", "0/2")
+	cmd.Stdout, cmd.Stderr = pts, pts
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pts.Close()
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	var seen bytes.Buffer
+	line := regexp.MustCompile(`rate, last [0-9hms]+: [ ▁▂▃▄▅▆▇█]*[▁▂▃▄▅▆▇█] *\(peak [0-9.]+ samples/s\)`)
+	buf := make([]byte, 4096)
+	deadline := time.Now().Add(20 * time.Second)
+	for !line.Match(seen.Bytes()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("status --watch on a terminal drew no sparkline:\n%s", seen.String())
+		}
+		ptm.SetReadDeadline(time.Now().Add(time.Second))
+		k, _ := ptm.Read(buf)
+		seen.Write(buf[:k])
+	}
+	// Not on a terminal: no sparkline (a pipe gets what scripts parse).
+	piped := j.run("status", "--shard", "0/2")
+	if strings.Contains(piped.stdout, "rate, last") {
+		t.Errorf("status into a pipe drew a sparkline:\n%s", piped.stdout)
+	}
 }

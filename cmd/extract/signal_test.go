@@ -96,14 +96,15 @@ func TestAFIFODatasetEndsTheRunAtOnceEvenUnderTimeoutTERM(t *testing.T) {
 func TestSIGTERMDuringThePreflightChecksExits75(t *testing.T) {
 	j := newJob(t, 10, 0)
 	dir := t.TempDir()
-	python := filepath.Join(dir, "python3")
-	if err := os.WriteFile(python, []byte("#!/bin/sh\nexec sleep 300\n"), 0o755); err != nil {
+	python, probed := filepath.Join(dir, "python3"), filepath.Join(dir, "probed")
+	if err := os.WriteFile(python, []byte("#!/bin/sh\ntouch "+probed+"\nexec sleep 300\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	os.MkdirAll(filepath.Join(dir, "model"), 0o755)
 	os.WriteFile(filepath.Join(dir, "model", "config.json"), []byte(`{"hidden_size":32,"num_hidden_layers":61}`), 0o644)
 	j.env = append(j.env, "EXTRACT_SERVER_KIND=sglang", "EXTRACT_SERVER_PYTHON="+python, "EXTRACT_SERVER_MODEL_PATH="+filepath.Join(dir, "model"), "EXTRACT_SERVER_HIDDEN_SIZE=32")
 	for _, args := range [][]string{{"doctor"}, {"run"}} {
+		os.Remove(probed)
 		cmd := j.command(args...)
 		var out strings.Builder
 		cmd.Stdout, cmd.Stderr = &out, &out
@@ -112,7 +113,14 @@ func TestSIGTERMDuringThePreflightChecksExits75(t *testing.T) {
 		}
 		exited := make(chan error, 1)
 		go func() { exited <- cmd.Wait() }()
-		time.Sleep(2 * time.Second) // into the probe
+		for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if _, err := os.Stat(probed); err == nil {
+				break // in the probe that never answers
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never probed the interpreter:\n%s", args[0], out.String())
+			}
+		}
 		cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case err := <-exited:

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // slurmCluster is a one-node Slurm cluster on this machine: munged (reused when one
@@ -31,19 +33,10 @@ type slurmCluster struct {
 // startSlurm starts the cluster or skips the test saying why it cannot.
 func startSlurm(t *testing.T) *slurmCluster {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("Slurm test skipped: slurmctld and slurmd need root (SlurmUser=root); run as root, as CI does")
-	}
-	for _, bin := range []string{"munged", "munge", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			if _, err := os.Stat("/usr/sbin/" + bin); err != nil {
-				t.Skipf("Slurm test skipped: %s not installed (.ci/run installs Debian's slurm-wlm and munge)", bin)
-			}
-		}
-	}
+	testsupport.Require(t, testsupport.Slurm) // root, slurm-wlm and munge
 	host, err := os.Hostname()
 	if err != nil {
-		t.Skipf("Slurm test skipped: no hostname: %v", err)
+		testsupport.Unavailable(t, testsupport.Slurm, "no hostname: %v", err)
 	}
 	node, _, _ := strings.Cut(host, ".")
 	s := &slurmCluster{t: t, dir: t.TempDir(), node: node}
@@ -98,7 +91,7 @@ PartitionName=debug Nodes=%[1]s Default=YES MaxTime=INFINITE State=UP
 		if time.Now().After(deadline) {
 			ctld, _ := os.ReadFile(filepath.Join(s.dir, "slurmctld.log"))
 			d, _ := os.ReadFile(filepath.Join(s.dir, "slurmd.log"))
-			t.Skipf("Slurm test skipped: the node did not come up idle in 20s (sinfo %q, %v)\nslurmctld.log:\n%s\nslurmd.log:\n%s", out, err, tail(ctld), tail(d))
+			testsupport.Unavailable(t, testsupport.Slurm, "the node did not come up idle in 20s (sinfo %q, %v)\nslurmctld.log:\n%s\nslurmd.log:\n%s", out, err, tail(ctld), tail(d))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -128,14 +121,14 @@ func (s *slurmCluster) startMunged() {
 	t := s.t
 	u, err := user.Lookup("munge")
 	if err != nil {
-		t.Skipf("Slurm test skipped: no munge user: %v", err)
+		testsupport.Unavailable(t, testsupport.Slurm, "no munge user: %v", err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	key := "/etc/munge/munge.key"
 	if _, err := os.Stat(key); os.IsNotExist(err) {
 		if err := os.MkdirAll("/etc/munge", 0o700); err != nil {
-			t.Skipf("Slurm test skipped: %v", err)
+			testsupport.Unavailable(t, testsupport.Slurm, "%v", err)
 		}
 		b := make([]byte, 1024)
 		if f, err := os.Open("/dev/urandom"); err == nil {
@@ -143,7 +136,7 @@ func (s *slurmCluster) startMunged() {
 			f.Close()
 		}
 		if err := os.WriteFile(key, b, 0o400); err != nil {
-			t.Skipf("Slurm test skipped: write %s: %v", key, err)
+			testsupport.Unavailable(t, testsupport.Slurm, "write %s: %v", key, err)
 		}
 		os.Chown("/etc/munge", uid, gid)
 		os.Chown(key, uid, gid)
@@ -157,7 +150,7 @@ func (s *slurmCluster) startMunged() {
 	log, _ := os.Create(filepath.Join(s.dir, "munged.log"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		t.Skipf("Slurm test skipped: start munged: %v", err)
+		testsupport.Unavailable(t, testsupport.Slurm, "start munged: %v", err)
 	}
 	t.Cleanup(func() { stopDaemon(cmd) })
 	for range 50 {
@@ -167,7 +160,7 @@ func (s *slurmCluster) startMunged() {
 		time.Sleep(100 * time.Millisecond)
 	}
 	b, _ := os.ReadFile(filepath.Join(s.dir, "munged.log"))
-	t.Skipf("Slurm test skipped: munged did not answer in 5s:\n%s", b)
+	testsupport.Unavailable(t, testsupport.Slurm, "munged did not answer in 5s:\n%s", b)
 }
 
 func sbin(name string) string {
@@ -184,7 +177,7 @@ func (s *slurmCluster) daemon(name string, args ...string) {
 	log, _ := os.Create(filepath.Join(s.dir, name+".out"))
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
-		s.t.Skipf("Slurm test skipped: start %s: %v", name, err)
+		testsupport.Unavailable(s.t, testsupport.Slurm, "start %s: %v", name, err)
 	}
 	s.t.Cleanup(func() { stopDaemon(cmd) })
 }

@@ -17,17 +17,21 @@ func newStatusCmd() *cobra.Command {
 	var watch time.Duration
 	var all bool
 	cmd := &cobra.Command{
-		Use:   "status [--config F] [--json] [--all]",
+		Use:   "status [--config F] [--shard i/n | --all] [--json] [--watch 2s]",
 		Short: "Show the job's progress: live from the running process, else from the index",
-		Args:  noArgs,
+		Long: `Show the job's progress: live from the running process, else from the index (never
+waiting on its lock). --all shows the whole job across its shards; --watch refreshes
+until interrupted (on a terminal it redraws the screen; into a pipe it appends).
+Exit codes: 0 shown; 2 bad config or usage.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if all {
-				return runStatusAll(cmd, &cf, asJSON)
+				return runStatusAll(cmd, &cf, asJSON, watch)
 			}
 			return runStatus(cmd, &cf, asJSON, watch)
 		},
 	}
-	cf.register(cmd)
+	cf.register(cmd, "status-listen")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
 	cmd.Flags().BoolVar(&all, "all", false, "the whole job across every shard under the state dir (per-shard rows, dead shards)")
@@ -39,35 +43,24 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 	if err != nil {
 		return err
 	}
-	out := cmd.OutOrStdout()
-	for {
+	// watchLoop renders each snapshot into a buffer: whether a sparkline fits is the
+	// terminal's question, asked once of the real output.
+	sparkline := watch > 0 && isTerminalWriter(cmd.OutOrStdout())
+	return watchLoop(cmd.Context(), cmd.OutOrStdout(), watch, asJSON, func(out io.Writer) error {
 		st, err := orchestrator.QueryStatus(cmd.Context(), cfg)
 		if err != nil {
 			return err
 		}
 		st.Generate = orchestrator.GenerateStatus(cfg.StateDir)
 		if asJSON {
-			if err := printJSON(out, st); err != nil {
-				return err
-			}
-		} else {
-			if watch > 0 {
-				fmt.Fprint(out, "\033[H\033[2J")
-			}
-			printStatus(out, st)
-			if watch > 0 && isTerminalWriter(out) {
-				printSparkline(out, cfg)
-			}
+			return printJSON(out, st)
 		}
-		if watch <= 0 {
-			return nil
+		printStatus(out, st)
+		if sparkline {
+			printSparkline(out, cfg)
 		}
-		select {
-		case <-cmd.Context().Done():
-			return nil
-		case <-time.After(watch):
-		}
-	}
+		return nil
+	})
 }
 
 func printStatus(w io.Writer, st orchestrator.Status) {

@@ -11,21 +11,22 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func runStatusAll(cmd *cobra.Command, cf *configFlags, asJSON bool) error {
+func runStatusAll(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Duration) error {
 	cfg, err := cf.load(cmd)
 	if err != nil {
 		return err
 	}
-	js, err := orchestrator.QueryStatusAll(cmd.Context(), cfg)
-	if err != nil {
-		return err
-	}
-	out := cmd.OutOrStdout()
-	if asJSON {
-		return printJSON(out, js)
-	}
-	printStatusAll(out, js)
-	return nil
+	return watchLoop(cmd.Context(), cmd.OutOrStdout(), watch, asJSON, func(out io.Writer) error {
+		js, err := orchestrator.QueryStatusAll(cmd.Context(), cfg)
+		if err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(out, js)
+		}
+		printStatusAll(out, js)
+		return nil
+	})
 }
 
 func printStatusAll(w io.Writer, js orchestrator.JobStatus) {
@@ -64,7 +65,9 @@ func printStatusAll(w io.Writer, js orchestrator.JobStatus) {
 		fmt.Fprintf(tw, "%d/%d\t%s\t%d-%d\t%d/%d\t%d\t%d\t%s\t%.2f\t%s\t%s\n", r.Shard, js.Shards, state, r.First, r.End,
 			r.Done, r.Total, r.Failed, r.Pending, configs.ByteSize(r.BytesWritten), r.SamplesPerSecond, pid, r.Source)
 	}
-	tw.Flush()
+	if err := tw.Flush(); err != nil {
+		fmt.Fprintf(w, "(the shard table could not be written: %v)\n", err)
+	}
 	if js.Generate != nil {
 		fmt.Fprintf(w, "%s\n", generateLine(*js.Generate))
 		for _, r := range js.PerShard {

@@ -13,7 +13,7 @@ func newStopCmd() *cobra.Command {
 	var cf configFlags
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "stop [--config F] [--timeout 5m]",
+		Use:   "stop [--config F] [--shard i/n] [--timeout 5m]",
 		Short: "Stop the running job gracefully: finish in-flight samples, commit, stop the server",
 		Long: `Stop the running job gracefully: finish in-flight samples, commit, stop the server.
 
@@ -21,14 +21,15 @@ Only a run that is provably the one holding the lock is signalled: same host, sa
 boot, same pid namespace, and the start time the lock records (through a pidfd, so a
 reused pid is never hit). Otherwise stop says where the run is and how to stop it there.
 
-Exit status: 0 stopped, or no run is going; 1 the run is elsewhere (another host, boot
-or pid namespace) or could not be signalled; 75 still draining at --timeout.`,
+Exit codes: 0 stopped, or no run going; 75 still draining at --timeout (it goes on
+stopping by itself); 1 the run is elsewhere (another host, boot or pid namespace) or
+could not be signalled; 2 bad config or usage.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runStop(cmd, &cf, timeout)
 		},
 	}
-	cf.register(cmd)
+	cf.register(cmd, "status-listen")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Minute, "how long to wait for the run to drain")
 	return cmd
 }

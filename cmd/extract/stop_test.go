@@ -9,18 +9,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // TestStopNeverSignalsAHostProcessThatSharesThePIDOfARunInAPIDNamespace runs the job
 // inside `unshare --pid` with its pid made equal to a host `sleep`'s: `extract stop` on
 // the host must leave the sleep alone, say where the run is, and exit 1.
 func TestStopNeverSignalsAHostProcessThatSharesThePIDOfARunInAPIDNamespace(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: unshare --pid and /proc/sys/kernel/ns_last_pid")
-	}
+	testsupport.Require(t, testsupport.Root) // unshare --pid and /proc/sys/kernel/ns_last_pid
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
-		t.Skip("unshare (util-linux) is not installed")
+		testsupport.Unavailable(t, testsupport.Root, "unshare (util-linux) is not installed")
 	}
 	j := newJob(t, 200, 2000)
 	sleep := exec.Command("sleep", "300")

@@ -294,3 +294,33 @@ func TestMalformedDumpsAreQuarantinedAndTheirSamplesRedone(t *testing.T) {
 	}
 	j.requireExact()
 }
+
+// A prompt that kills the server (the simulator's crash_on_samples) used to be requeued
+// at every death without counting, until the restart budget ran out: exit 75, and cron
+// repeated it forever. Now it is sent alone after server.isolate_after_deaths deaths and
+// failed when the server dies with it alone: the job ends 1 (that sample failed), every
+// other sample done, within the default restart budget.
+func TestASampleThatKillsTheServerFailsAloneAndTheRestOfTheJobIsDone(t *testing.T) {
+	j := newJob(t, 40, 0)
+	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_CRASH_ON_SAMPLES=7")
+	r := j.run("run")
+	if r.code != 1 || !strings.Contains(r.stderr, "1 samples failed") {
+		t.Fatalf("run with a poison sample: exit %d, want 1 naming one failed sample\n%s", r.code, r.stderr)
+	}
+	st := j.status()
+	if num(st["failed"]) != 1 || num(st["done"]) != 39 {
+		t.Errorf("status after the run: %d done, %d failed; want 39 and 1", num(st["done"]), num(st["failed"]))
+	}
+	var sent []string // how many requests were open at the server with each of sample 7's
+	for _, l := range j.requestLines() {
+		if strings.HasPrefix(l[0], "s000000007-") && len(l) > 2 {
+			sent = append(sent, l[2])
+		}
+	}
+	if len(sent) != 3 || sent[2] != "1" {
+		t.Errorf("sample 7 was sent %d times with %v requests open; want 3, the last one alone", len(sent), sent)
+	}
+	if b, _ := os.ReadFile(filepath.Join(j.state, "logs", "extract.log")); !strings.Contains(string(b), "server died with it in flight") {
+		t.Errorf("extract.log does not say why sample 7 failed")
+	}
+}

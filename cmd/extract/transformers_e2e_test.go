@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/internal/safetensors"
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // These tests run server.kind transformers through the real orchestrator and the real
@@ -34,17 +34,8 @@ var tinyCaptured = []int{1, 2, 3}
 // torchPython finds a Python that imports torch (Debian's python3-torch), or skips.
 func torchPython(t *testing.T) string {
 	t.Helper()
-	for _, py := range []string{"python3", "/usr/bin/python3"} {
-		path, err := exec.LookPath(py)
-		if err != nil {
-			continue
-		}
-		if exec.Command(path, "-c", "import torch").Run() == nil {
-			return path
-		}
-	}
-	t.Skip("no python3 here imports torch (apt-get install python3-torch): the transformers server tests need it")
-	return ""
+	testsupport.Require(t, testsupport.TransformersServer)
+	return testsupport.TorchPython()
 }
 
 // newTransformersJob is newJob with a config for kind transformers over the tiny module.

@@ -16,9 +16,14 @@ func newVerifyCmd() *cobra.Command {
 	var asJSON bool
 	var all bool
 	cmd := &cobra.Command{
-		Use:   "verify [--config F] [--deep] [--repair] [--json]",
+		Use:   "verify [--config F] [--shard i/n | --all] [--deep] [--repair] [--json]",
 		Short: "Check output files against the index and the dataset; --deep reads every byte, --repair fixes or rebuilds the index",
-		Args:  noArgs,
+		Long: `Check the output files against the index, the dataset and the config; --deep reads
+every byte, --repair fixes the index or rebuilds it from the files; --all checks that
+the shards add up to the dataset.
+Exit codes: 0 sound; 1 problems found (--repair fixes them); 2 nothing to verify, bad
+config or usage, or a repair refused; 75 a run holds the lock.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if all {
 				return runVerifyAll(cmd, &cf, opt)
@@ -26,7 +31,7 @@ func newVerifyCmd() *cobra.Command {
 			return runVerify(cmd, &cf, opt, asJSON)
 		},
 	}
-	cf.register(cmd)
+	cf.register(cmd, "status-listen")
 	cmd.Flags().BoolVar(&opt.Deep, "deep", false, "read every file: recompute its crc32c and compare its tokens with the dataset")
 	cmd.Flags().BoolVar(&opt.Repair, "repair", false, "send missing or corrupt samples back to pending, adopt valid unindexed files, remove temp files; move a missing or damaged index aside and rebuild it from the files")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
@@ -47,6 +52,7 @@ type verifyJSON struct {
 	// Unrepaired is what --repair found and could not fix (an entry it may not remove).
 	Unrepaired int                   `json:"unrepaired"`
 	Problems   []string              `json:"problems"`
+	Unlisted   int                   `json:"unlisted"` // problems past the list's cap
 	Mismatch   string                `json:"mismatch,omitempty"`
 	Rebuild    *orchestrator.Rebuild `json:"rebuild,omitempty"`
 }
@@ -67,7 +73,7 @@ func runVerify(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOptions
 		if jerr := printJSON(out, verifyJSON{
 			Checked: rep.Checked, OK: rep.OK, Missing: rep.Missing, Corrupt: rep.Corrupt,
 			Orphans: rep.Orphans, TempFiles: rep.TempFiles, Repaired: rep.Repaired, Unrepaired: rep.Unrepaired,
-			Problems: append([]string{}, rep.Problems...), Mismatch: res.Mismatch, Rebuild: res.Rebuild,
+			Problems: append([]string{}, rep.Problems...), Unlisted: rep.Unlisted, Mismatch: res.Mismatch, Rebuild: res.Rebuild,
 		}); jerr != nil && err == nil {
 			err = jerr
 		}
@@ -101,6 +107,7 @@ func printVerify(out io.Writer, res orchestrator.VerifyResult, failed error) {
 	for _, p := range rep.Problems {
 		fmt.Fprintln(out, p)
 	}
+	printUnlisted(out, rep.Unlisted)
 	if rb := res.Rebuild; rb != nil {
 		fmt.Fprintf(out, "index.db was %s", rb.Why)
 		if rb.MovedAside != "" {

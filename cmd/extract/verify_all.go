@@ -28,6 +28,7 @@ func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOpti
 	for _, p := range rep.Problems {
 		fmt.Fprintln(out, p)
 	}
+	printUnlisted(out, rep.Unlisted)
 	for i, g := range rep.Generate {
 		fmt.Fprintf(out, "generate %d: lines %d-%d, %d done, %d dropped, %d failed, %d pending; output %d lines, %d problems\n", i, g.Lo, g.Hi, g.Done, g.Dropped, g.Failed, g.Pending, g.OutputLines, len(g.Problems))
 	}

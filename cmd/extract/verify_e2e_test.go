@@ -245,8 +245,9 @@ func TestRepairAdoptsNeitherARelabelledFileNorAnOverflowingShapeAndDeepVerifyCat
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r := j.run("verify"); r.code != 0 {
-		t.Fatalf("quick verify should pass the self-consistent impostor (it reads headers only): exit %d %q", r.code, r.stdout)
+	// Even the quick verify, which reads headers only, sees that its rid is sample 60's.
+	if r := j.run("verify"); r.code != 1 || !strings.Contains(r.stdout, `sample 51: data_51.safetensors: rid "s000000060-a1" is not an attempt of sample 51`) {
+		t.Fatalf("quick verify of the impostor: exit %d %q; want 1 naming its rid", r.code, r.stdout)
 	}
 	r = j.run("verify", "--deep")
 	if r.code != 1 || !strings.Contains(r.stdout, "sample 51") || !strings.Contains(r.stdout, "the dataset") {
@@ -281,9 +282,13 @@ func TestFreshRunAfterChangingLayersRewritesEveryFileAndVerifyUnderTheOldLayersR
 	if r.code != 1 || !strings.Contains(r.stdout, "0 ok") || !strings.Contains(r.stdout, "40 corrupt") || !strings.Contains(r.stdout, `layers "3,31,59", the job captures "2,30,58"`) {
 		t.Errorf("verify under the old layers: exit %d, stdout %q; want every file rejected for its layers", r.code, r.stdout)
 	}
-	// Repair under the wrong config would throw every good file away: refused.
-	if r := j.run("verify", "--repair"); r.code != 2 || !strings.Contains(r.stderr, "captured layers") {
-		t.Errorf("verify --repair under the old layers: exit %d, stderr %q; want 2, refused", r.code, r.stderr)
+	// Repair under the wrong config would throw every good file away: refused, naming
+	// the setting that changed.
+	if r := j.run("verify", "--repair"); r.code != 2 || !strings.Contains(r.stderr, "server.layers was [3 31 59], now [2 30 58]") {
+		t.Errorf("verify --repair under the old layers: exit %d, stderr %q; want 2, refused naming server.layers", r.code, r.stderr)
+	}
+	if r := j.run("run", "--resume"); r.code != 2 || !strings.Contains(r.stderr, "server.layers was [3 31 59], now [2 30 58]") {
+		t.Errorf("run --resume under the old layers: exit %d, stderr %q; want 2, refused naming server.layers", r.code, r.stderr)
 	}
 	if n, _ := filepath.Glob(filepath.Join(j.out, "rows_*", "data_*.safetensors")); len(n) != 40 {
 		t.Errorf("%d output files left, want 40", len(n))

@@ -18,7 +18,7 @@ job) and writes <output_dir>/vocab_mapping/vocab_mapping.pt ({"d2t": int64 [voca
 "t2d": bool [target vocabulary]}, as SpecForge's prepare_hidden_states.py) and token_freq.pt
 (the raw counts, {token id: count}). A conversation job writes it at its end by itself.
 
-Exit status: 0 written; 1 failed; 2 no index, or a dataset that is not the index's;
+Exit codes: 0 written; 1 failed; 2 no index, or a dataset that is not the index's;
 75 a run holds the lock.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -41,7 +41,9 @@ func WriteFile(path string, data []byte, perm os.FileMode) error {
 		err = os.Rename(tmp, path)
 	}
 	if err != nil {
-		os.Remove(tmp)
+		// The temp is ours (CreateTemp's name); a failure to remove it leaves a *.tmp*
+		// beside path and does not change what the caller must hear: the write failed.
+		_ = os.Remove(tmp)
 		return fmt.Errorf("write %s: %w", path, err)
 	}
 	return SyncDir(dir)

@@ -194,8 +194,8 @@ func Parse(line []byte, lineNo int, f Format) (Conversation, *Refusal) {
 		return Conversation{}, err
 	}
 	// A lone surrogate escape (\udc80) decodes to U+FFFD as silently as a bad byte does.
-	if bytes.ContainsRune(line, utf8.RuneError) || bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
-		return c, nil
+	if !bytes.Contains(line, []byte(`\u`)) || bytes.ContainsRune(line, utf8.RuneError) || bytes.Contains(bytes.ToLower(line), []byte(`\ufffd`)) {
+		return c, nil // no escape, or a real U+FFFD in the text: nothing was replaced
 	}
 	for i, m := range c.Messages {
 		if strings.ContainsRune(m.Content, utf8.RuneError) || strings.ContainsRune(m.Reasoning, utf8.RuneError) {

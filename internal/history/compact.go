@@ -9,7 +9,7 @@ type Tier struct {
 
 // DefaultTiers keep the last hour as recorded, the last day at one record a minute, the
 // last week at one per ten minutes and anything older at one an hour: a 10-day job is
-// about 720 + 1380 + 865 + 72 records, some 700 KB with two replicas.
+// about 3,100 records, some 880 KB with two replicas (the 10-day test measures it).
 var DefaultTiers = []Tier{
 	{Age: time.Hour, Step: time.Minute},
 	{Age: 24 * time.Hour, Step: 10 * time.Minute},
@@ -114,7 +114,8 @@ func (s *sampler) offer(r Record) (Record, bool) {
 		gap := time.Duration(r.T-s.last.T) * time.Millisecond
 		withPauses := r
 		withPauses.Paused = s.paused
-		due := gap >= s.spacing(r) || (gap >= minGap && changed(s.last, withPauses))
+		// A clock stepped back (NTP) must not silence the history until it catches up.
+		due := gap < 0 || gap >= s.spacing(r) || (gap >= minGap && changed(s.last, withPauses))
 		if !due {
 			return Record{}, false
 		}

@@ -157,3 +157,14 @@ func TestAYoungRunIsRecordedEverySecondAndAnOldOneEveryInterval(t *testing.T) {
 		t.Errorf("a minute an hour in: %d records, want one every 5 s", n)
 	}
 }
+
+func TestAClockSteppedBackDoesNotSilenceTheHistory(t *testing.T) {
+	s := sampler{interval: 5 * time.Second}
+	s.offer(rec(at(time.Hour), 1))
+	if _, ok := s.offer(rec(at(time.Hour-10*time.Minute), 2)); !ok {
+		t.Fatal("a record 10 minutes before the last (the clock stepped back) was not written")
+	}
+	if _, ok := s.offer(rec(at(time.Hour-10*time.Minute+time.Second), 3)); ok {
+		t.Fatal("after the step, records were written faster than the interval")
+	}
+}

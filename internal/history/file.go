@@ -86,6 +86,7 @@ func Open(path string, opt Options) (*Writer, error) {
 		return nil, fmt.Errorf("open history %s: %w", path, err)
 	}
 	w := &Writer{path: path, opt: opt, s: sampler{interval: opt.Interval}, f: f}
+	removeTemps(path, opt.Log)
 	if err := w.load(); err != nil {
 		f.Close()
 		return nil, err
@@ -149,6 +150,23 @@ func (w *Writer) load() error {
 		w.compact(w.recs[n-1].Time())
 	}
 	return nil
+}
+
+// removeTemps removes what a compaction killed before its rename left: temp files of
+// atomicfile.WriteFile's name for path (".history.log.tmp*"), regular and ours. The
+// history beside them is the one before that compaction, whole.
+func removeTemps(path string, log *slog.Logger) {
+	dir, base := filepath.Split(path)
+	temps, _ := filepath.Glob(filepath.Join(dir, "."+base+".tmp*"))
+	for _, t := range temps {
+		st, err := os.Lstat(t)
+		if err != nil || !st.Mode().IsRegular() || int(st.Sys().(*syscall.Stat_t).Uid) != os.Geteuid() {
+			continue
+		}
+		if err := os.Remove(t); err != nil {
+			log.Warn("history: remove a compaction's leftover", "file", t, "err", err)
+		}
+	}
 }
 
 // readChecked reads a regular file of at most maxFileBytes through f.

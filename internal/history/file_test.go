@@ -254,6 +254,17 @@ func TestTheHistorySurvivesSIGKILLMidWrite(t *testing.T) {
 	for range 12 {
 		c.check(c.runAndKill())
 	}
+	// A compaction killed before its rename leaves a temp file; the next writer removes it.
+	os.WriteFile(filepath.Join(filepath.Dir(c.path), "."+FileName+".tmp123"), []byte("half a compaction"), 0o644)
+	w, err := Open(c.path, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close(Record{T: time.Now().UnixMilli(), Run: 1, Done: 1 << 30})
+	entries, _ := os.ReadDir(filepath.Dir(c.path))
+	if len(entries) != 1 {
+		t.Errorf("the state dir holds %v, want only %s", entries, FileName)
+	}
 }
 
 func TestTheHistorySurvivesAPowerCut(t *testing.T) {

@@ -14,6 +14,10 @@ const magic = "extract-history v1\n"
 // frameHeader is a frame's length and crc32c (Castagnoli) of its payload, little endian.
 const frameHeader = 8
 
+// maxResync bounds the search for the next good frame after damage: past it the rest
+// counts as torn, so a hostile file cannot make a reader checksum for ever.
+const maxResync = 64 << 10
+
 // maxPayload bounds one record. A length above it is damage, not a record: reading
 // never allocates what a corrupt length says.
 const maxPayload = 64 << 10
@@ -52,8 +56,9 @@ func (e *ErrNotHistory) Error() string {
 }
 
 // decode reads a history file's bytes. A damaged frame is skipped by looking for the
-// next offset where a whole frame checks out, so one bad sector costs its records, not
-// the rest of the job's history. An empty input is an empty history.
+// next offset where a whole frame checks out (within maxResync), so one bad sector
+// costs its records, not the rest of the job's history. An empty input is an empty
+// history.
 func decode(path string, b []byte) (Decoded, error) {
 	var d Decoded
 	if len(b) == 0 {
@@ -74,6 +79,9 @@ func decode(path string, b []byte) (Decoded, error) {
 		if !ok {
 			if bad < 0 {
 				bad = off
+			}
+			if off-bad >= maxResync {
+				break
 			}
 			off++
 			continue
@@ -103,6 +111,10 @@ func frameAt(b []byte) (r Record, n int, ok bool) {
 		return r, 0, false
 	}
 	p := b[frameHeader : frameHeader+int(size)]
+	// A record is a JSON object: anything else is not worth a checksum.
+	if p[0] != '{' || p[len(p)-1] != '}' {
+		return r, 0, false
+	}
 	if crc32.Checksum(p, castagnoli) != binary.LittleEndian.Uint32(b[4:]) {
 		return r, 0, false
 	}

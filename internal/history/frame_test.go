@@ -3,6 +3,7 @@ package history
 import (
 	"errors"
 	"testing"
+	"time"
 )
 
 func rec(t int64, done int) Record {
@@ -48,6 +49,28 @@ func TestADamagedRecordInTheMiddleCostsOnlyItself(t *testing.T) {
 	}
 	if d.Skipped != int64(len(two)-len(one)) || d.Torn != 0 || d.End != int64(len(full)) {
 		t.Fatalf("skipped %d torn %d end %d, want skipped %d", d.Skipped, d.Torn, d.End, len(two)-len(one))
+	}
+}
+
+func TestTheSearchPastDamageIsBoundedAndTheRestCountsAsTorn(t *testing.T) {
+	b, _ := encode([]Record{rec(1000, 1)})
+	good := len(b)
+	// 2 MiB of frames that each claim a 64 KiB record whose checksum fails.
+	for len(b) < good+2<<20 {
+		b = append(b, 0, 0, 1, 0, 0, 0, 0, 0, '{', '}')
+	}
+	tail, _ := appendFrame(nil, rec(2000, 2))
+	b = append(b, tail...)
+	start := time.Now()
+	d, err := decode("h", b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Records) != 1 || d.End != int64(good) || d.Torn != int64(len(b)-good) {
+		t.Errorf("records %d, end %d, torn %d; want the first record and the rest torn", len(d.Records), d.End, d.Torn)
+	}
+	if took := time.Since(start); took > 20*time.Second {
+		t.Errorf("decoding took %v", took)
 	}
 }
 

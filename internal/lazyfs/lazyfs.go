@@ -64,8 +64,8 @@ func (f *FS) Mount(dir string) error {
 func (f *FS) mountLocked(dir string) error {
 	if dev, err := os.OpenFile("/dev/fuse", os.O_RDWR, 0); err != nil {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	} else {
-		dev.Close()
+	} else if err := dev.Close(); err != nil {
+		return fmt.Errorf("%w: close /dev/fuse: %w", ErrUnavailable, err)
 	}
 	f.m.mu.Lock()
 	gen := f.m.gen

@@ -14,6 +14,9 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // mount mounts a fresh disk in a temp dir, or skips when FUSE cannot be mounted here.
@@ -23,7 +26,7 @@ func mount(t *testing.T) (*FS, string) {
 	f := New()
 	if err := f.Mount(dir); err != nil {
 		if errors.Is(err, ErrUnavailable) {
-			t.Skipf("no FUSE here: %v", err)
+			testsupport.Unavailable(t, testsupport.FUSE, "mount: %v", err)
 		}
 		t.Fatal(err)
 	}
@@ -265,7 +268,7 @@ func boltHelper(args []string) error {
 			return err
 		}
 		// A second open of the file must wait for bbolt's flock.
-		if _, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond}); !errors.Is(err, bolt.ErrTimeout) {
+		if _, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 100 * time.Millisecond}); !errors.Is(err, berrors.ErrTimeout) {
 			return fmt.Errorf("second open while the first holds the flock: %v, want a timeout", err)
 		}
 		fmt.Println("committed")

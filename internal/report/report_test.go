@@ -194,8 +194,27 @@ func TestSparklineScalesToTheLargestAndLeavesGapsBlank(t *testing.T) {
 		t.Errorf("sparkline %q", got)
 	}
 	recs := fixture().Series.Records
-	vals, hi := RecentRates(recs, start.Add(3*time.Hour), 5*time.Minute, 30)
-	if hi != 0.6 || len(vals) != 30 || math.IsNaN(vals[29]) {
-		t.Errorf("recent rates %v (max %v)", vals, hi)
+	vals, hi, span := RecentRates(recs, start.Add(3*time.Hour), 5*time.Minute, 30)
+	if hi != 0.6 || len(vals) != 30 || math.IsNaN(vals[29]) || span != 5*time.Minute {
+		t.Errorf("recent rates %v (max %v, over %v)", vals, hi, span)
+	}
+	// A job younger than the span is drawn from its start, not squeezed into its end.
+	vals, _, span = RecentRates(recs[:25], start.Add(2*time.Minute), 10*time.Minute, 24)
+	if span != 2*time.Minute || math.IsNaN(vals[0]) || math.IsNaN(vals[11]) {
+		t.Errorf("a 2-minute history: rates %v over %v", vals, span)
+	}
+}
+
+func TestAJobWithoutHistorySaysSoAndStillShowsItsFacts(t *testing.T) {
+	var b bytes.Buffer
+	in := Input{Title: "t", Now: start, Facts: Facts{State: "stopped", Total: 10, ETASeconds: -1}}
+	if err := WriteHTML(&b, in); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "No history recorded yet") || !strings.Contains(b.String(), "0 / 10 samples") {
+		t.Errorf("page without history:\n%s", b.String())
+	}
+	if err := WritePNG(&b, in); err != nil {
+		t.Fatal(err)
 	}
 }

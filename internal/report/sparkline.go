@@ -33,16 +33,23 @@ func Sparkline(values []float64) string {
 	return b.String()
 }
 
-// RecentRates is the job's rate over the span before now in n equal slots: each slot's
-// last recorded rate, NaN for a slot without records. It also returns the largest.
-func RecentRates(recs []history.Record, now time.Time, span time.Duration, n int) ([]float64, float64) {
+// RecentRates is the job's rate over the span before now (or since the history's
+// first record, if later) in n equal slots: each slot's last recorded rate (a slot
+// between two records keeps the one before), NaN before the first record and after the
+// last. It also returns the largest rate and the span drawn.
+func RecentRates(recs []history.Record, now time.Time, span time.Duration, n int) ([]float64, float64, time.Duration) {
 	out := make([]float64, n)
 	for i := range out {
 		out[i] = math.NaN()
 	}
 	from := now.Add(-span).UnixMilli()
+	if len(recs) > 0 && recs[0].T > from && recs[0].T < now.UnixMilli() {
+		from = recs[0].T
+		span = now.Sub(recs[0].Time())
+	}
 	slot := float64(span.Milliseconds()) / float64(n)
 	hi := 0.0
+	lastSlot := -1
 	for _, r := range recs {
 		if r.T < from || r.T > now.UnixMilli() {
 			continue
@@ -50,6 +57,13 @@ func RecentRates(recs []history.Record, now time.Time, span time.Duration, n int
 		i := min(int(float64(r.T-from)/slot), n-1)
 		out[i] = r.Rate
 		hi = max(hi, r.Rate)
+		lastSlot = max(lastSlot, i)
 	}
-	return out, hi
+	// Slots narrower than the record interval hold the rate of the slot before.
+	for i := 1; i <= lastSlot; i++ {
+		if math.IsNaN(out[i]) {
+			out[i] = out[i-1]
+		}
+	}
+	return out, hi, span
 }

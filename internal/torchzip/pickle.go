@@ -2,6 +2,7 @@ package torchzip
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math"
 )
 
@@ -137,3 +138,64 @@ func pickleTuple(b []byte, vs []int64) []byte {
 	}
 	return append(b, 't')
 }
+
+// Span is the tensor's bytes within its storage: from off, n long (the view's extent;
+// its Numel elements when contiguous), in checked arithmetic. An error says the view
+// does not lie inside the storage.
+func (t Tensor) Span() (off, n int64, err error) {
+	es := t.DType.Size()
+	if es == 0 {
+		return 0, 0, fmt.Errorf("storage %s: unknown element type %s", t.Key, t.DType)
+	}
+	if t.StorageNumel < 0 || t.StorageNumel > math.MaxInt64/es || t.StorageOffset < 0 || len(t.Shape) != len(t.Stride) {
+		return 0, 0, fmt.Errorf("storage %s: %d elements, offset %d", t.Key, t.StorageNumel, t.StorageOffset)
+	}
+	// extent: one past the last element the view touches, relative to the offset.
+	extent := int64(1)
+	for i, s := range t.Shape {
+		if s == 0 {
+			extent = 0
+			break
+		}
+		if t.Stride[i] < 0 {
+			return 0, 0, fmt.Errorf("storage %s: negative stride", t.Key)
+		}
+		reach, ok := mulChecked(s-1, t.Stride[i])
+		if !ok || reach > math.MaxInt64-extent {
+			return 0, 0, fmt.Errorf("storage %s: shape %v stride %v overflows", t.Key, t.Shape, t.Stride)
+		}
+		extent += reach
+	}
+	if _, ok := t.numel(); !ok {
+		return 0, 0, fmt.Errorf("storage %s: shape %v overflows", t.Key, t.Shape)
+	}
+	if t.StorageOffset > t.StorageNumel || extent > t.StorageNumel-t.StorageOffset {
+		return 0, 0, fmt.Errorf("storage %s: a view of %d elements at offset %d lies outside its %d elements", t.Key, extent, t.StorageOffset, t.StorageNumel)
+	}
+	return t.StorageOffset * es, extent * es, nil
+}
+
+// numel is the element count, false when it overflows.
+func (t Tensor) numel() (int64, bool) {
+	n := int64(1)
+	for _, s := range t.Shape {
+		var ok bool
+		if n, ok = mulChecked(n, s); !ok {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
+func mulChecked(a, b int64) (int64, bool) {
+	if a < 0 || b < 0 {
+		return 0, false
+	}
+	if a != 0 && b > math.MaxInt64/a {
+		return 0, false
+	}
+	return a * b, true
+}
+
+// StorageBytes is the byte size of the tensor's whole storage (its record's size).
+func (t Tensor) StorageBytes() int64 { return t.StorageNumel * t.DType.Size() }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // writeArchive writes a dict of an int64 [3] and a bf16 [1,2,3] tensor to path.
@@ -99,9 +101,7 @@ func TestAnArchiveReadsBackThroughGoZipAndOurReaderAligned(t *testing.T) {
 }
 
 func TestRealTorchLoadsAGoWrittenArchiveWithWeightsOnly(t *testing.T) {
-	if _, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		t.Skip("no torch for /usr/bin/python3 (apt-get install python3-torch): skipping the real-torch check")
-	}
+	testsupport.Require(t, testsupport.Torch)
 	for _, force := range []bool{false, true} {
 		path := filepath.Join(t.TempDir(), "a.pt")
 		writeArchive(t, path, force)
@@ -121,9 +121,7 @@ print("ok")
 }
 
 func TestTorchWrittenPicklesDecode(t *testing.T) {
-	if _, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		t.Skip("no torch for /usr/bin/python3: skipping")
-	}
+	testsupport.Require(t, testsupport.Torch)
 	path := filepath.Join(t.TempDir(), "t.ckpt")
 	out, err := exec.Command("/usr/bin/python3", "-c", `
 import sys, torch

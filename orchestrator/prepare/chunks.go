@@ -212,7 +212,16 @@ func writeChunk(dir string, index int, bs []*batch) (Chunk, error) {
 	for _, b := range bs {
 		ordered[b.seq] = b
 	}
-	var acc, ref bytes.Buffer
+	// Sized once: a chunk is tens of megabytes, and growing a buffer by doubling would
+	// spend more time clearing memory than writing it.
+	size := 0
+	for _, b := range ordered {
+		for _, r := range b.results {
+			size += len(r.record)
+		}
+	}
+	acc := bytes.NewBuffer(make([]byte, 0, size))
+	var ref bytes.Buffer
 	c := Chunk{Index: index, FirstLine: -1}
 	for _, b := range ordered {
 		for _, r := range b.results {

@@ -1,6 +1,7 @@
 package prepare
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 	"github.com/extract-dev/extract/sglang/tokenizer"
 )
 
@@ -40,7 +42,12 @@ func OptionsFrom(cfg *configs.Config, from, dir string, log *slog.Logger) (Optio
 	if cfg.Server.Kind != "simulator" {
 		eot := append([]string(nil), p.EndOfTurnTokens...)
 		sort.Strings(eot)
-		o.Extra = []string{"mask=" + p.Mask, "end_of_turn_tokens=" + strings.Join(eot, "\x00"), fmt.Sprintf("trust_remote_code=%v", p.TrustRemoteCode)}
+		kw, err := json.Marshal(p.TemplateKwargs) // map keys sorted: a stable digest
+		if err != nil {
+			return Options{}, fmt.Errorf("prepare.template_kwargs: %w", err)
+		}
+		o.Extra = []string{"mask=" + p.Mask, "end_of_turn_tokens=" + strings.Join(eot, "\x00"), fmt.Sprintf("trust_remote_code=%v", p.TrustRemoteCode),
+			"template_kwargs=" + string(kw)}
 	}
 	return o, nil
 }
@@ -64,7 +71,8 @@ func NewTokenizer(cfg *configs.Config, workDir string, log *slog.Logger) (Tokeni
 	return tokenizer.New(tokenizer.Config{
 		Python: cfg.Server.Python, Env: env, Tokenizer: cfg.TokenizerPath(), TemplateFile: cfg.Prepare.ChatTemplate,
 		TrustRemoteCode: cfg.Prepare.TrustRemoteCode, Mask: cfg.Prepare.Mask, EndOfTurn: cfg.Prepare.EndOfTurn,
-		EndOfTurnTokens: cfg.Prepare.EndOfTurnTokens, Workers: workers, WorkDir: workDir, Log: log,
+		EndOfTurnTokens: cfg.Prepare.EndOfTurnTokens, TemplateKwargs: cfg.Prepare.TemplateKwargs,
+		Workers: workers, WorkDir: workDir, Log: log,
 	})
 }
 
@@ -78,7 +86,7 @@ func IsConversations(cfg *configs.Config) (bool, error) {
 	case "sharegpt", "openai", "ultrachat":
 		return true, nil
 	}
-	f, err := openRegular(cfg.Dataset)
+	f, err := userfile.OpenRegular(cfg.Dataset)
 	if err != nil {
 		return false, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 // ManifestName is the prepare dir's record of what it holds, rewritten (temp, fsync,
@@ -103,9 +104,10 @@ func writeManifest(dir string, m Manifest) error {
 	return atomicfile.WriteFile(filepath.Join(dir, ManifestName), append(b, '\n'), 0o644)
 }
 
-// hashFile is the sha256 of a file's bytes.
+// hashFile is the sha256 of a file's bytes (the conversation file, which may be a
+// symlink to one, or a chunk of ours).
 func hashFile(path string) (string, int64, error) {
-	f, err := openRegular(path)
+	f, err := userfile.OpenRegular(path)
 	if err != nil {
 		return "", 0, err
 	}

@@ -29,6 +29,7 @@ import (
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 const noFollow = syscall.O_NOFOLLOW | syscall.O_NONBLOCK
@@ -67,7 +68,8 @@ type Counts struct {
 	Loss      int64          `json:"loss_tokens"`
 }
 
-func (c *Counts) add(o Counts) {
+// Add adds o's counts to c.
+func (c *Counts) Add(o Counts) {
 	c.Lines += o.Lines
 	c.Accepted += o.Accepted
 	c.Truncated += o.Truncated
@@ -92,12 +94,12 @@ func (c Counts) RefusedTotal() int {
 
 // Summary is what Run did.
 type Summary struct {
-	Dataset     string // the pre-tokenized JSONL
-	Refused     string // refused.jsonl
-	Counts      Counts
-	Fingerprint Fingerprint
-	Resumed     int // chunks found done
-	AlreadyDone bool
+	Dataset     string      `json:"dataset"` // the pre-tokenized JSONL
+	Refused     string      `json:"refused"` // refused.jsonl
+	Counts      Counts      `json:"counts"`
+	Fingerprint Fingerprint `json:"fingerprint"`
+	Resumed     int         `json:"resumed_chunks"` // chunks found done
+	AlreadyDone bool        `json:"already_prepared"`
 }
 
 // DatasetName and RefusedName are the assembled files in the prepare dir.
@@ -180,8 +182,9 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	if err := run(ctx, o, tok, &m); err != nil {
 		return Summary{}, err
 	}
+	m.Counts = Counts{} // a lost dataset's manifest still holds the old totals
 	for _, c := range m.Chunks {
-		m.Counts.add(c.Counts)
+		m.Counts.Add(c.Counts)
 	}
 	if m.Counts.Accepted == 0 {
 		return Summary{}, fmt.Errorf("%w: %s: no conversation was accepted (%d lines, %d refused: %v); see %s",
@@ -194,6 +197,12 @@ func Run(ctx context.Context, o Options, tok Tokenizer) (Summary, error) {
 	m.Complete, m.Samples, m.DatasetSHA = true, m.Counts.Accepted, dsSum
 	if err := writeManifest(o.Dir, m); err != nil {
 		return Summary{}, err
+	}
+	// The chunks are in the dataset now, and durable there: they would only double the
+	// disk a million conversations take. Without the dataset, a later run prepares again.
+	for _, c := range m.Chunks {
+		os.Remove(chunkPath(o.Dir, c.Index, false))
+		os.Remove(chunkPath(o.Dir, c.Index, true))
 	}
 	sum.Counts = m.Counts
 	return sum, nil
@@ -216,7 +225,7 @@ func run(ctx context.Context, o Options, tok Tokenizer, m *Manifest) error {
 		last := m.Chunks[n-1]
 		start, firstLine, nextChunk = last.End, last.LastLine+1, last.Index+1
 	}
-	f, err := openRegular(o.From)
+	f, err := userfile.OpenRegular(o.From)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadInput, err)
 	}

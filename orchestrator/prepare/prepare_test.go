@@ -175,14 +175,21 @@ func TestPrepareResumesAfterAStopAndMatchesAnUninterruptedRun(t *testing.T) {
 	}
 }
 
-func TestPrepareRedoesADamagedChunk(t *testing.T) {
-	from, _ := writeConversations(t, 30)
-	dir := t.TempDir()
-	if _, err := Run(context.Background(), options(from, dir), Simulator{EndOfTurn: true}); err != nil {
+func TestPrepareRedoesADamagedChunkAndALostDataset(t *testing.T) {
+	from, _ := writeConversations(t, 60)
+	clean := t.TempDir()
+	if _, err := Run(context.Background(), options(from, clean), Simulator{EndOfTurn: true}); err != nil {
 		t.Fatal(err)
 	}
-	good, _ := os.ReadFile(filepath.Join(dir, DatasetName))
-	os.Remove(filepath.Join(dir, DatasetName))
+	good, _ := os.ReadFile(filepath.Join(clean, DatasetName))
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	if _, err := Run(ctx, options(from, dir), &stopAfter{Simulator: Simulator{EndOfTurn: true}, n: 9, cancel: cancel}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("stopped run: %v", err)
+	}
+	if m, _, _ := ReadManifest(dir); len(m.Chunks) < 2 {
+		t.Fatalf("the stop left %d chunks: nothing to damage", len(m.Chunks))
+	}
 	if err := os.WriteFile(chunkPath(dir, 1, false), []byte("{}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -191,6 +198,17 @@ func TestPrepareRedoesADamagedChunk(t *testing.T) {
 	}
 	if got, _ := os.ReadFile(filepath.Join(dir, DatasetName)); !bytes.Equal(got, good) {
 		t.Fatal("the damaged chunk reached the dataset")
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "chunks", "*")); len(left) != 0 {
+		t.Fatalf("chunks left after the dataset was assembled: %v", left)
+	}
+	os.Remove(filepath.Join(dir, DatasetName))
+	sum, err := Run(context.Background(), options(from, dir), Simulator{EndOfTurn: true})
+	if err != nil || sum.AlreadyDone || sum.Counts.Lines != 60 {
+		t.Fatalf("after the dataset was lost: %+v, %v", sum, err)
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, DatasetName)); !bytes.Equal(got, good) {
+		t.Fatal("the dataset prepared again differs")
 	}
 }
 

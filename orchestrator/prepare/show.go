@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 // Shown is one conversation as prepare makes it, for a person to check the mask.
@@ -23,7 +24,7 @@ type Shown struct {
 // Show prepares the conversation on line (1-based) of o.From alone, writing nothing.
 func Show(ctx context.Context, o Options, tok Tokenizer, line int) (Shown, error) {
 	o.defaults()
-	f, err := openRegular(o.From)
+	f, err := userfile.OpenRegular(o.From)
 	if err != nil {
 		return Shown{}, fmt.Errorf("%w: %v", ErrBadInput, err)
 	}

@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"testing"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 func TestMappingTakesTheMostFrequentTiesToTheFirstSeenAndPadsWithLowIDs(t *testing.T) {
@@ -47,15 +49,10 @@ func TestMappingTakesTheMostFrequentTiesToTheFirstSeenAndPadsWithLowIDs(t *testi
 // The files are loaded by Debian's torch and compared with SpecForge's own
 // process_token_dict_to_mappings run on counts made its way from the same samples.
 func TestVocabMappingLoadsInTorchAndEqualsSpecForges(t *testing.T) {
-	if out, err := exec.Command("/usr/bin/python3", "-c", "import torch").CombinedOutput(); err != nil {
-		if os.Getenv("EXTRACT_CI_REQUIRE") != "" {
-			t.Fatalf("no torch for /usr/bin/python3: %v %s", err, out)
-		}
-		t.Skipf("no torch for /usr/bin/python3 (apt-get install python3-torch): %v", err)
-	}
+	testsupport.Require(t, testsupport.Torch)
 	src, _ := filepath.Abs("../../../shared/specforge-src")
 	if _, err := os.Stat(filepath.Join(src, "specforge/data/preprocessing.py")); err != nil {
-		t.Skipf("SpecForge source absent at %s", src)
+		testsupport.Unavailable(t, testsupport.SGLangSrc, "SpecForge source absent at %s", src)
 	}
 	for _, tc := range []struct {
 		name                  string
@@ -96,7 +93,7 @@ func TestVocabMappingLoadsInTorchAndEqualsSpecForges(t *testing.T) {
 			if err := Write(out, c, d2t, t2d); err != nil {
 				t.Fatal(err)
 			}
-			cmd := exec.Command("/usr/bin/python3", "../../scripts/check_vocab_mapping.py", filepath.Join(out, Dir),
+			cmd := exec.Command(testsupport.TorchPython(), "../../scripts/check_vocab_mapping.py", filepath.Join(out, Dir),
 				"--samples", filepath.Join(dir, "samples.jsonl"), "--draft", fmt.Sprint(tc.draft), "--target", fmt.Sprint(tc.target), "--specforge", src)
 			res, err := cmd.CombinedOutput()
 			if err != nil {

@@ -73,12 +73,12 @@ func writeDataset(path string, n int, plan tokenPlan) (string, int64, error) {
 		line = append(line, "]}\n"...)
 		h.Write(line)
 		if _, err := w.Write(line); err != nil {
-			f.Close()
+			_ = f.Close()
 			return "", 0, err
 		}
 	}
 	if err := w.Flush(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return "", 0, err
 	}
 	if err := f.Close(); err != nil {
@@ -126,20 +126,21 @@ func writeDump(dir string, sample, tokens, hidden int) (string, error) {
 		return "", err
 	}
 	w := bufio.NewWriterSize(f, 1<<20)
-	w.Write(hdr)
+	// bufio keeps the first write error for Flush, which is checked.
+	_, _ = w.Write(hdr)
 	for left, off := T*4*H*2, int64(sample)*4099%int64(len(noise)); left > 0; {
 		n := min(left, int64(len(noise))-off)
-		w.Write(noise[off : off+n])
+		_, _ = w.Write(noise[off : off+n])
 		left -= n
 		off = 0
 	}
 	var b [8]byte
 	for p := range tokens {
 		binary.LittleEndian.PutUint64(b[:], uint64(tokenID(sample, p)))
-		w.Write(b[:])
+		_, _ = w.Write(b[:])
 	}
 	if err := w.Flush(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return "", err
 	}
 	if err := f.Close(); err != nil {
@@ -153,7 +154,9 @@ func cmdDataset(args []string) error {
 	out := fs.String("o", "", "output JSONL")
 	n := fs.Int("n", 1000, "samples")
 	tokens := fs.Int("tokens", 32, "tokens per sample")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if *out == "" {
 		return fmt.Errorf("-o is required")
 	}

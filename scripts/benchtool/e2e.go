@@ -34,7 +34,7 @@ func startSimulator(extract, shmDir string, port, hidden int, tps float64) (*pro
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
 		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
+			_ = resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return p, nil
 			}
@@ -45,7 +45,7 @@ func startSimulator(extract, shmDir string, port, hidden int, tps float64) (*pro
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
-	p.cmd.Process.Kill()
+	_ = p.cmd.Process.Kill()
 	return nil, fmt.Errorf("simulator on port %d not ready in 20s", port)
 }
 
@@ -74,8 +74,8 @@ func simAlone(extract, shmDir string, hidden int, tps float64, n int, plan token
 		return 0, 0, err
 	}
 	defer func() {
-		sim.cmd.Process.Signal(syscall.SIGTERM)
-		sim.wait(30 * time.Second)
+		_ = sim.cmd.Process.Signal(syscall.SIGTERM)
+		_ = sim.wait(30 * time.Second)
 	}()
 	client := sglang.NewClient(fmt.Sprintf("http://127.0.0.1:%d", port), sglang.ClientOptions{RetryMax: 1, AttemptTimeout: 5 * time.Minute})
 	samples := make([][]int64, n)
@@ -132,13 +132,13 @@ func plainCopy(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer func() { logErr("in.Close()", in.Close()) }()
 	out, err := os.Create(dst)
 	if err != nil {
 		return err
 	}
 	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
+		_ = out.Close()
 		return err
 	}
 	return out.Close()
@@ -164,7 +164,7 @@ func watchDumps(dir string) (*dumpClock, error) {
 		return nil, err
 	}
 	if err := w.Add(dir); err != nil {
-		w.Close()
+		_ = w.Close()
 		return nil, err
 	}
 	c := &dumpClock{w: w, names: map[string]bool{}, done: make(chan struct{})}
@@ -196,7 +196,7 @@ func watchDumps(dir string) (*dumpClock, error) {
 }
 
 func (c *dumpClock) stop() (int, time.Time) {
-	c.w.Close()
+	_ = c.w.Close()
 	<-c.done
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -239,8 +239,8 @@ func runJob(extract string, o jobOpts) (*jobRun, error) {
 	r := &jobRun{}
 	first, err := p.waitLine(`msg="first request sent"`, o.timeout)
 	if err != nil {
-		p.cmd.Process.Signal(syscall.SIGTERM)
-		p.wait(time.Minute)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.wait(time.Minute)
 		return nil, err
 	}
 	r.firstReq = first.at.Sub(p.started)
@@ -306,7 +306,9 @@ func cmdE2E(args []string) error {
 	movers := fs.Int("movers", 4, "run.movers")
 	probes := fs.Int("status-probes", 0, "`extract status` calls while the job runs (figure 5)")
 	fig := fs.String("fig", "3", "3: bytes/s against the simulator alone (target 0.95×); 2: samples/s of small dumps (target 500/s)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(true); err != nil {
 		return err
 	}
@@ -327,8 +329,8 @@ func cmdE2E(args []string) error {
 	}
 	dir := filepath.Join(c.out, "e2e")
 	stage := filepath.Join(c.shm, "e2e")
-	defer os.RemoveAll(stage)
-	defer settle(dir)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("settle(dir)", settle(dir)) }()
 	ds := filepath.Join(dir, "dataset.jsonl")
 	if _, _, err := writeDataset(ds, *n, plan); err != nil {
 		return err

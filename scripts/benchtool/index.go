@@ -27,7 +27,7 @@ func datasetFacts(path string) (fp string, lines int, err error) {
 	if err != nil {
 		return "", 0, err
 	}
-	defer f.Close()
+	defer func() { logErr("f.Close()", f.Close()) }()
 	h := sha256.New()
 	r := bufio.NewReaderSize(io.TeeReader(f, h), 4<<20)
 	buf := make([]byte, 4<<20)
@@ -76,7 +76,7 @@ func synthIndex(cfg *configs.Config, done int, tokens tokenPlan, bytesPerToken i
 	if err != nil {
 		return 0, err
 	}
-	defer ix.Close()
+	defer func() { logErr("ix.Close()", ix.Close()) }()
 	err = ix.Init(checkpoint.Meta{
 		DatasetFingerprint: fp, DatasetPath: cfg.Dataset, ConfigFingerprint: cfg.Fingerprint(),
 		Total: total, Created: time.Now().UTC(),
@@ -172,7 +172,9 @@ func cmdIndex(args []string) error {
 	done := fs.Int("done", 1000, "samples to mark done")
 	tokens := fs.Int("tokens", 32, "tokens per sample to record")
 	allFiles := fs.Bool("all-files", true, "create a sparse output file for every done sample (else only the preflight's 200)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	cfg, err := configs.Load(*cfgPath, nil)
 	if err != nil {
 		return err

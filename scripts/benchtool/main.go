@@ -94,3 +94,14 @@ func (c *commonFlags) check(needExtract bool) error {
 	}
 	return nil
 }
+
+// logErr reports a deferred cleanup's failure (a temp dir not removed, an index not
+// closed cleanly): the figures stand, but the operator should know what was left.
+// Cleanup on a path that already failed (a Close after a write error, a Kill of a
+// simulator that did not come up) is discarded with `_ =`: the first error is the one
+// returned.
+func logErr(what string, err error) {
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "benchtool: %s: %v\n", what, err)
+	}
+}

@@ -124,7 +124,7 @@ func moveAll(dumps []string, out string, movers int, tokens, hidden int, ix *che
 				Sample: rid.Sample, RID: rid.String(), InputIDs: sampleIDs(rid.Sample, t),
 				DatasetFingerprint: "bench", HiddenSize: hidden, Layers: benchLayers,
 			})
-			src.Close()
+			_ = src.Close()
 			if err != nil {
 				return err
 			}
@@ -164,7 +164,9 @@ func cmdMover(args []string) error {
 	rounds := fs.Int("rounds", 2, "alternating rounds; the best of each side counts")
 	fs.StringVar(&moverFormat, "format", "", "output format: safetensors (default), specforge, specforge+gzip, modelopt")
 	tmpfs := fs.Bool("tmpfs", false, "output on the staging tmpfs too: the mover's own CPU cost against cp between the same tmpfs dirs, no disk in the way")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(false); err != nil {
 		return err
 	}
@@ -177,8 +179,8 @@ func cmdMover(args []string) error {
 	if moverFormat != "" {
 		prefix += moverFormat + " format: "
 	}
-	defer os.RemoveAll(stage)
-	defer settle(base)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("settle(base)", settle(base)) }()
 	dumps, err := stageDumps(stage, 0, *n, *tokens, *hidden)
 	if err != nil {
 		return err
@@ -276,11 +278,11 @@ func copyDurable(src, dst string) error {
 		return err
 	}
 	if _, err := f.Write(b); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Sync(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Close(); err != nil {
@@ -293,7 +295,7 @@ func copyDurable(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { logErr("d.Close()", d.Close()) }()
 	return d.Sync()
 }
 
@@ -305,14 +307,16 @@ func cmdSmall(args []string) error {
 	tokens := fs.Int("tokens", 32, "tokens per dump")
 	hidden := fs.Int("hidden", 1024, "hidden size (1024 × 32 tokens = 256 KiB per dump)")
 	movers := fs.Int("movers", 4, "concurrent movers (run.movers default: 4)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(false); err != nil {
 		return err
 	}
 	stage := filepath.Join(c.shm, "small")
 	base := filepath.Join(c.out, "small")
-	defer os.RemoveAll(stage)
-	defer settle(base)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("settle(base)", settle(base)) }()
 	dumps, err := stageDumps(stage, 0, *n, *tokens, *hidden)
 	if err != nil {
 		return err
@@ -347,7 +351,7 @@ func cmdSmall(args []string) error {
 	if err != nil {
 		return err
 	}
-	defer ix.Close()
+	defer func() { logErr("ix.Close()", ix.Close()) }()
 	if err := ix.Init(checkpoint.Meta{DatasetFingerprint: "bench", DatasetPath: "bench", Total: *n}); err != nil {
 		return err
 	}

@@ -26,7 +26,7 @@ func freePort() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer ln.Close()
+	defer func() { logErr("ln.Close()", ln.Close()) }()
 	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
@@ -154,7 +154,7 @@ func (p *proc) wait(timeout time.Duration) error {
 		}
 		return nil
 	case <-time.After(timeout):
-		p.cmd.Process.Signal(syscall.SIGTERM)
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
 		<-p.exited
 		return fmt.Errorf("%s did not finish within %s; last lines:\n%s", strings.Join(p.cmd.Args, " "), timeout, p.tail(15))
 	}
@@ -297,7 +297,7 @@ func timedGet(url string) (time.Duration, error) {
 		return 0, err
 	}
 	_, err = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	_ = resp.Body.Close()
 	return time.Since(start), err
 }
 

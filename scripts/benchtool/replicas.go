@@ -32,7 +32,7 @@ func consecutivePorts(n int) (int, error) {
 				ok = false
 				continue
 			}
-			ln.Close()
+			_ = ln.Close()
 		}
 		if ok {
 			return base, nil
@@ -62,8 +62,8 @@ func simPlainCopy(extract, stage string, replicas, hidden int, tps float64, n in
 			return 0, err
 		}
 		defer func() {
-			sim.cmd.Process.Signal(syscall.SIGTERM)
-			sim.wait(30 * time.Second)
+			_ = sim.cmd.Process.Signal(syscall.SIGTERM)
+			_ = sim.wait(30 * time.Second)
 		}()
 		clients[r] = sglang.NewClient(fmt.Sprintf("http://127.0.0.1:%d", port), sglang.ClientOptions{RetryMax: 1, AttemptTimeout: 5 * time.Minute})
 	}
@@ -117,7 +117,9 @@ func cmdReplicas(args []string) error {
 	inflight := fs.Int("inflight", 32, "run.max_inflight, shared by the replicas; also the plain copy's window")
 	movers := fs.Int("movers", 4, "run.movers")
 	label := fs.String("label", "", "what this run is (default from the flags)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(true); err != nil {
 		return err
 	}
@@ -130,8 +132,8 @@ func cmdReplicas(args []string) error {
 	bytes := tokens * perToken
 	dir := filepath.Join(c.out, "replicas")
 	stage := filepath.Join(c.shm, "replicas")
-	defer os.RemoveAll(stage)
-	defer os.RemoveAll(dir)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("os.RemoveAll(dir)", os.RemoveAll(dir)) }()
 	ds := filepath.Join(dir, "dataset.jsonl")
 	if _, _, err := writeDataset(ds, *n, plan); err != nil {
 		return err

@@ -78,7 +78,7 @@ func readResults(path string) ([]result, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { logErr("f.Close()", f.Close()) }()
 	var rs []result
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
@@ -114,7 +114,9 @@ func lookup(path, fig, name string) (float64, bool) {
 func cmdReport(args []string) error {
 	fs := flag.NewFlagSet("report", flag.ExitOnError)
 	path := fs.String("results", "", "results file (JSON lines)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	rs, err := readResults(*path)
 	if err != nil {
 		return err

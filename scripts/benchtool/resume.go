@@ -22,14 +22,16 @@ func cmdResume(args []string) error {
 	statusRuns := fs.Int("status-runs", 0, "`extract status --json` runs from the index afterwards (figure 5)")
 	runs := fs.Int("runs", 3, "resumes measured after the first (the median counts)")
 	allFiles := fs.Bool("all-files", false, "create a sparse output file for every done sample, not just the 200 run's preflight stats")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(true); err != nil {
 		return err
 	}
 	dir := filepath.Join(c.out, fmt.Sprintf("resume-%d", *done))
 	stage := filepath.Join(c.shm, fmt.Sprintf("resume-%d", *done))
-	defer os.RemoveAll(stage)
-	defer settle(dir)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("settle(dir)", settle(dir)) }()
 	total := *done + *pending
 	plan := spreadTokens(*lo, *hi)
 	if *lo == *hi {
@@ -80,7 +82,7 @@ func cmdResume(args []string) error {
 	if err := plainCopy(ixPath, snap); err != nil {
 		return err
 	}
-	defer os.Remove(snap)
+	defer func() { logErr("os.Remove(snap)", os.Remove(snap)) }()
 	cold, err := runJob(c.extract, jobOpts{config: cfgPath, args: []string{"--resume"}, stateDir: cfg.StateDir, timeout: 4 * time.Minute})
 	if err != nil {
 		return err

@@ -15,14 +15,16 @@ func cmdRSS(args []string) error {
 	n := fs.Int("n", 8, "samples")
 	tokens := fs.Int("tokens", 8192, "tokens per sample")
 	hidden := fs.Int("hidden", 4096, "hidden size (4096 × 8192 tokens = 256 MiB per dump)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(true); err != nil {
 		return err
 	}
 	dir := filepath.Join(c.out, "rss")
 	stage := filepath.Join(c.shm, "rss")
-	defer os.RemoveAll(stage)
-	defer settle(dir)
+	defer func() { logErr("os.RemoveAll(stage)", os.RemoveAll(stage)) }()
+	defer func() { logErr("settle(dir)", settle(dir)) }()
 	ds := filepath.Join(dir, "dataset.jsonl")
 	if _, _, err := writeDataset(ds, *n, fixedTokens(*tokens)); err != nil {
 		return err

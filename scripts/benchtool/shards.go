@@ -29,13 +29,15 @@ func cmdShards(args []string) error {
 	per := fs.Int("per", 1_000_000, "samples per shard")
 	runs := fs.Int("runs", 11, "timed runs of status --all")
 	keep := fs.Bool("keep", false, "keep the indexes (a later run with the same flags reuses them)")
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	if err := c.check(true); err != nil {
 		return err
 	}
 	dir := filepath.Join(c.out, fmt.Sprintf("shards-%dx%d", *shards, *per))
 	if !*keep {
-		defer os.RemoveAll(dir)
+		defer func() { logErr("os.RemoveAll(dir)", os.RemoveAll(dir)) }()
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
@@ -91,7 +93,7 @@ func synthShard(cfg *configs.Config, i, n, total int) error {
 	if err != nil {
 		return err
 	}
-	defer ix.Close()
+	defer func() { logErr("ix.Close()", ix.Close()) }()
 	if c, err := ix.Counters(); err == nil && c.Done == hi-lo {
 		return nil
 	}

@@ -28,6 +28,10 @@
 #SBATCH --open-mode=append
 #SBATCH --output=extract-%A_%a.out
 set -uo pipefail
+case "${1:-}" in
+-h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-*) echo "extract-array.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+esac
 
 # Shards that share a node need their own server port (a one-shard-per-node cluster
 # leaves SHARD_PORT_BASE unset and uses server.port).

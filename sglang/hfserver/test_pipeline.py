@@ -13,7 +13,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "hook")]
 
-from extract_hfserver import server  # noqa: E402
+from extract_hfserver import batching  # noqa: E402
 from extract_hook import pipeline  # noqa: E402
 
 try:
@@ -30,12 +30,12 @@ class Req:
 class PlanWindowTest(unittest.TestCase):
     def test_a_window_is_sorted_by_length_before_it_is_cut_into_batches(self):
         window = [Req(n, f"r{n}") for n in (30, 2, 31, 3, 29, 1)]
-        batches = server.plan_window(window, max_tokens=64, max_requests=8)
+        batches = batching.plan_window(window, max_tokens=64, max_requests=8)
         self.assertEqual([[len(r.ids) for r in b] for b in batches], [[1, 2, 3], [29, 30], [31]])
         self.assertEqual(sorted(r.rid for b in batches for r in b), sorted(r.rid for r in window))
 
     def test_spans_follow_the_lengths(self):
-        self.assertEqual(server.spans([3, 1, 2]), [(0, 3), (3, 4), (4, 6)])
+        self.assertEqual(batching.spans([3, 1, 2]), [(0, 3), (3, 4), (4, 6)])
 
     def test_layout_puts_a_requests_aux_and_final_rows_in_one_slice_each(self):
         # 6 rows of H = 2: aux block 6 x 6, then final block 6 x 2.

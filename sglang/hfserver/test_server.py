@@ -28,7 +28,7 @@ except ImportError:
     torch = None
 
 sys.path[:0] = [HERE, HOOK]
-from extract_hfserver import server  # noqa: E402  (pure Python without torch)
+from extract_hfserver import batching, server  # noqa: E402  (pure Python without torch)
 
 
 def free_port():
@@ -58,7 +58,7 @@ class PlanBatchTest(unittest.TestCase):
 
         reqs = [server.Request(f"s{i:09d}-a1", [1] * n) for i, n in enumerate([4, 3, 5, 2, 9])]
         pending = collections.deque(reqs[1:])
-        batch = server.plan_batch(pending, reqs[0], max_tokens=15, max_requests=10)
+        batch = batching.plan_batch(pending, reqs[0], max_tokens=15, max_requests=10)
         # 4,3 -> 2x4=8; +5 -> 3x5=15; +2 -> 4x5=20 > 15
         self.assertEqual([len(r.ids) for r in batch], [4, 3, 5])
         self.assertEqual([len(r.ids) for r in pending], [2, 9])
@@ -68,7 +68,7 @@ class PlanBatchTest(unittest.TestCase):
 
         big = server.Request("s000000000-a1", [1] * 100)
         pending = collections.deque([server.Request("s000000001-a1", [1])])
-        self.assertEqual(server.plan_batch(pending, big, max_tokens=10, max_requests=10), [big])
+        self.assertEqual(batching.plan_batch(pending, big, max_tokens=10, max_requests=10), [big])
         self.assertEqual(len(pending), 1)
 
     def test_the_request_cap_holds_however_short_the_prompts(self):
@@ -76,7 +76,7 @@ class PlanBatchTest(unittest.TestCase):
 
         reqs = [server.Request(f"s{i:09d}-a1", [1]) for i in range(5)]
         pending = collections.deque(reqs[1:])
-        self.assertEqual(len(server.plan_batch(pending, reqs[0], max_tokens=1000, max_requests=3)), 3)
+        self.assertEqual(len(batching.plan_batch(pending, reqs[0], max_tokens=1000, max_requests=3)), 3)
 
     def test_layer_ids_must_have_a_decoder_layer_to_be_captured_at(self):
         server.check_layers((1, 2, 3), 4)
@@ -268,6 +268,7 @@ class ServerTest(unittest.TestCase):
             {"rid": "s000000900-a1", "input_ids": []},
             {"rid": "s000000901-a1", "input_ids": [1, -2]},
             {"rid": "s000000902-a1", "input_ids": [1, 2.5]},
+            {"rid": "s000000905-a1", "input_ids": [1, True]},  # JSON true is no token id
             {"rid": "s000000903-a1", "text": "hello"},  # the tiny module has no tokenizer
             {"rid": "s000000904-a1"},
         ):

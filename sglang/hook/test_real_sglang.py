@@ -2,7 +2,10 @@
 ../shared/sglang-src, for DeepSeek-V3 and Kimi-K2.5 (real_sglang_driver.py does the
 driving). Each case sends one extend batch of several requests, one of them SGLang's own
 (a rid that is not ours), and checks every dump byte for byte against the rows the same
-model produces. Skipped, with the reason, where ../shared or torch is missing.
+model produces. Skipped, with the reason, where ../shared or torch is missing; a
+failure instead where EXTRACT_CI_REQUIRE names the missing kind (sglang-src, torch), and
+always when ../shared is there but lists no commit. sglang/hook_test.go counts the cases
+that ran.
 """
 
 import json
@@ -57,8 +60,35 @@ def read_dump(path):
     return json.loads(raw[8 : 8 + n]), raw[8 + n :]
 
 
-@unittest.skipIf(SRC is None, "../shared/sglang-src is absent: real-SGLang hook tests skipped")
-@unittest.skipIf(SRC is not None and PYTHON is None, "no Python with torch (apt-get install -y python3-torch): real-SGLang hook tests skipped")
+# The kinds CI requires (EXTRACT_CI_REQUIRE, see internal/testsupport): a missing one
+# is a failure there, not a skip.
+REQUIRED = {k.strip() for k in os.environ.get("EXTRACT_CI_REQUIRE", "").split(",") if k.strip()}
+
+
+def missing():
+    """Why the cases cannot run here, and the kind that names it; (None, None) if they can."""
+    if SRC is None:
+        return "../shared/sglang-src is absent", "sglang-src"
+    if PYTHON is None:
+        return "no Python with torch (apt-get install -y python3-torch)", "torch"
+    if not VERSIONS:
+        # ../shared is there but lists no commit: zero cases would pass without a word.
+        return f"{SRC}/COMMITS lists no SGLang commit", "always"
+    return None, None
+
+
+WHY, KIND = missing()
+
+
+class RealSGLangPreconditions(unittest.TestCase):
+    """Says, as a failure, that required real-SGLang cases cannot run."""
+
+    @unittest.skipUnless(WHY and (KIND == "always" or KIND in REQUIRED), "the real-SGLang cases can run, or are not required here")
+    def test_the_real_sglang_cases_can_run(self):
+        self.fail(f"real-SGLang hook tests cannot run: {WHY}")
+
+
+@unittest.skipIf(WHY is not None, f"real-SGLang hook tests skipped: {WHY}")
 class RealSGLangTest(unittest.TestCase):
     def drive(self, version, model):
         tmp = tempfile.mkdtemp()

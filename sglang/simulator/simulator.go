@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,10 @@ type Config struct {
 	// open", open being the requests under way with this one), appended across restarts:
 	// tests count the work the server was asked to do, and how much of it at once.
 	RequestLog string
+	// CrashOnSamples makes the process exit with status 3 as soon as a request for one
+	// of these samples (by its rid, s<sample>-a<attempt>) arrives: a prompt that kills
+	// the server, and every request in flight with it, as a batch holding it would.
+	CrashOnSamples []int
 	// Gen shapes the replies to extract generate's requests (generate.go).
 	Gen GenConfig
 	// CrashOnRID makes the process exit (status 3) when a generation request whose rid
@@ -94,6 +99,7 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
 	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
 	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
+	fs.IntSliceVar(&c.CrashOnSamples, "crash-on-samples", nil, "fault: exit with status 3 when a request for one of these samples arrives")
 	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
 	fs.IntVar(&c.Gen.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
 	fs.IntVar(&c.Gen.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
@@ -179,7 +185,7 @@ func Listen(cfg Config, log *slog.Logger) (*Server, error) {
 	if err := cfg.normalize(); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(cfg.ShmDir, 0o755); err != nil {
+	if err := os.MkdirAll(cfg.ShmDir, 0o700); err != nil {
 		return nil, fmt.Errorf("simulator shm dir %s: %w", cfg.ShmDir, err)
 	}
 	ln, err := net.Listen("tcp", net.JoinHostPort(cfg.Host, strconv.Itoa(cfg.Port)))
@@ -304,6 +310,10 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if isGeneration(req.RID) {
 		s.answerGeneration(w, r, &req, ids, start)
 		return
+	}
+	if s.crashesOn(req.RID) {
+		s.log.Info("injected fault: a sample that kills the server", "rid", req.RID, "status", 3)
+		os.Exit(3)
 	}
 	if err := s.prefill(r.Context(), len(ids)); err != nil {
 		s.log.Debug("request abandoned during prefill", "rid", req.RID, "error", err)
@@ -435,6 +445,15 @@ func (s *Server) complete(w http.ResponseWriter) {
 		s.log.Info("injected fault: exiting", "completed", n, "status", 3)
 		os.Exit(3)
 	}
+}
+
+// crashesOn says whether rid is a request for one of CrashOnSamples.
+func (s *Server) crashesOn(rid string) bool {
+	if len(s.cfg.CrashOnSamples) == 0 || len(rid) < 10 || rid[0] != 's' {
+		return false
+	}
+	n, err := strconv.Atoi(rid[1:10])
+	return err == nil && slices.Contains(s.cfg.CrashOnSamples, n)
 }
 
 // blockIfHung holds the request until it is cancelled when the hang fault has fired.

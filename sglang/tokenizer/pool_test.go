@@ -56,7 +56,9 @@ const (
 	dropsEarlierReasoning = `{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' }}{% if m.role == 'assistant' and loop.last and m.reasoning_content %}` +
 		`{{ '<think>\n' + m.reasoning_content + '\n</think>\n' }}{% endif %}{{ m.content + '<|im_end|>\n' }}{% endfor %}` +
 		`{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
-	raisesOnSystem = `{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system turns') }}{% endif %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}`
+	raisesOnSystem = `{% for m in messages %}{% if m.role == 'system' %}{{ raise_exception('no system turns') }}{% endif %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}` +
+		`{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+	noGenerationPrompt = `{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}{% endfor %}`
 )
 
 func tokDir(t *testing.T, template string, merges map[string]int) string {
@@ -166,6 +168,8 @@ func TestWorkerRefusesWhatCannotBeMaskedExactly(t *testing.T) {
 		{"reasoning never rendered", chatML, nil, "prefix", conv(msg(conversation.User, "2+2?"), reasoning), conversation.TemplateError},
 		{"template raises", raisesOnSystem, nil, "prefix", conv(msg(conversation.System, "s"), msg(conversation.User, "q"), msg(conversation.Assistant, "a")), conversation.TemplateError},
 		{"no end of turn", strings.ReplaceAll(chatML, "<|im_end|>", "<|im_stop|>"), nil, "prefix", conv(msg(conversation.User, "q"), msg(conversation.Assistant, "a")), conversation.NoEndOfTurn},
+		// Without a generation prompt the header would be masked as the assistant's.
+		{"no generation prompt", noGenerationPrompt, nil, "prefix", conv(msg(conversation.User, "q"), msg(conversation.Assistant, "a")), conversation.TemplateError},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := start(t, tokDir(t, tc.template, tc.merges), tc.mask, "include")
@@ -176,7 +180,7 @@ func TestWorkerRefusesWhatCannotBeMaskedExactly(t *testing.T) {
 			if res[0].Refusal == nil || res[0].Refusal.Reason != tc.want {
 				t.Fatalf("result %+v, want a refusal %s", res[0], tc.want)
 			}
-			if tc.want != conversation.NoEndOfTurn && res[1].Refusal != nil {
+			if tc.want != conversation.NoEndOfTurn && tc.template != noGenerationPrompt && res[1].Refusal != nil {
 				t.Fatalf("the good conversation beside it was refused: %v", res[1].Refusal)
 			}
 		})
@@ -198,5 +202,26 @@ func TestWorkerPiecesDecodeEachToken(t *testing.T) {
 	got, err := p.Pieces(context.Background(), []int64{1, 'h' + 3, 2})
 	if err != nil || strings.Join(got, "|") != "<|im_start|>|h|<|im_end|>" {
 		t.Fatalf("pieces %q, %v", got, err)
+	}
+}
+
+func TestTemplateKwargsReachTheTemplate(t *testing.T) {
+	py := needPython(t)
+	abs, _ := filepath.Abs("testdata/fake_transformers")
+	tmpl := `{% for m in messages %}{{ '<|im_start|>' + m.role + '\n' + tag + m.content + '<|im_end|>\n' }}{% endfor %}` +
+		`{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}`
+	p, err := Start(context.Background(), Config{Python: py, Env: []string{"PYTHONPATH=" + abs}, Tokenizer: tokDir(t, tmpl, nil),
+		Mask: "prefix", EndOfTurn: "include", Workers: 1, WorkDir: t.TempDir(), TemplateKwargs: map[string]any{"tag": "T:"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	res, err := p.Encode(context.Background(), 0, []conversation.Conversation{conv(msg(conversation.User, "q"), msg(conversation.Assistant, "a"))})
+	if err != nil || res[0].Refusal != nil {
+		t.Fatalf("%+v %v", res, err)
+	}
+	want := simulator.ChatEncode([]conversation.Message{msg(conversation.User, "T:q"), msg(conversation.Assistant, "T:a")}, true)
+	if fmt.Sprint(res[0].Enc.IDs) != fmt.Sprint(want.IDs) || fmt.Sprint(res[0].Enc.Mask) != fmt.Sprint(want.Mask) {
+		t.Fatalf("ids %v mask %v\nwant %v %v", res[0].Enc.IDs, res[0].Enc.Mask, want.IDs, want.Mask)
 	}
 }

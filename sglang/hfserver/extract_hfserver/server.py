@@ -12,7 +12,6 @@ there.
 
 import argparse
 import array
-import collections
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from extract_hook import writer
 
 from . import SERVER_VERSION, backend, generation
+from .batching import Request, Serving, plan_window, spans
 
 log = logging.getLogger("extract_hfserver")
 
@@ -46,98 +46,6 @@ def check_layers(layers, num_layers):
         )
 
 
-class Request:
-    __slots__ = ("rid", "ids", "done", "error", "status", "on_finish")
-
-    def __init__(self, rid, ids):
-        self.rid, self.ids = rid, ids
-        self.done = threading.Event()
-        self.error, self.status = None, 200
-        self.on_finish = None
-
-    def finish(self, status=200, error=None):
-        self.status, self.error = status, error
-        if self.on_finish is not None:
-            self.on_finish(self)
-        self.done.set()
-
-
-class Serving:
-    """The requests being served, one per rid.
-
-    The Go client retries a 5xx or a broken connection under the same rid, so a second
-    POST of a rid can arrive while the first is still queued, in a forward or being
-    written. It joins the first (same input ids: it gets the first's answer, and the
-    rid is computed and written once) or is refused with 409 (other ids: not the same
-    request). Two requests of one rid never write one dump at the same time.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._by_rid = {}
-
-    def admit(self, rid, ids):
-        """Returns (request, is_new), or (None, conflict message)."""
-        with self._lock:
-            current = self._by_rid.get(rid)
-            if current is not None:
-                if current.ids != ids:
-                    return None, f"rid {rid} is being served with other input ids"
-                return current, False
-            req = Request(rid, ids)
-            req.on_finish = self._release
-            self._by_rid[rid] = req
-            return req, True
-
-    def count(self):
-        with self._lock:
-            return len(self._by_rid)
-
-    def _release(self, req):
-        with self._lock:
-            if self._by_rid.get(req.rid) is req:
-                del self._by_rid[req.rid]
-
-
-def plan_batch(pending, first, max_tokens, max_requests):
-    """Takes requests from the deque pending after first while the padded batch (longest
-    prompt x count) stays within max_tokens and max_requests. A prompt longer than the
-    budget runs alone. Returns the batch."""
-    batch = [first]
-    longest = len(first.ids)
-    while pending and len(batch) < max_requests:
-        nxt = pending[0]
-        width = max(longest, len(nxt.ids))
-        if width * (len(batch) + 1) > max_tokens:
-            break
-        pending.popleft()
-        batch.append(nxt)
-        longest = width
-    return batch
-
-
-def plan_window(window, max_tokens, max_requests):
-    """Cuts a window of requests into batches: sorted by prompt length first, so each
-    batch holds prompts of about one length and little of its forward is padding (in
-    arrival order half of it was). Every request of the window runs before any request
-    that arrived after it, so none waits behind later ones for long. Returns the list
-    of batches in the order they run."""
-    pending = collections.deque(sorted(window, key=lambda r: len(r.ids)))
-    batches = []
-    while pending:
-        batches.append(plan_batch(pending, pending.popleft(), max_tokens, max_requests))
-    return batches
-
-
-def spans(lengths):
-    """(start, end) rows of each prompt in the gathered [sum(lengths), ...] block."""
-    out, at = [], 0
-    for n in lengths:
-        out.append((at, at + n))
-        at += n
-    return out
-
-
 class Engine:
     """Owns the backend, the queue, the batch worker and the dump pipeline."""
 
@@ -149,9 +57,12 @@ class Engine:
         self.ready = threading.Event()
         self.dead = None  # set to a message when the worker died
         self.queue = queue.Queue()
-        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0}
+        self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0,
+                      "buffer_wait_seconds": 0.0}
         self.stats_lock = threading.Lock()
         self.serving = Serving()
+        self._streams = None  # the forward streams, made on the first batch (_stream)
+        self._turn = 0
 
     def load(self):
         opts = backend.Options(dtype=self.args.dtype, tp_size=self.args.tp_size, attn_implementation=self.args.attn_implementation)
@@ -208,35 +119,25 @@ class Engine:
         import torch
 
         model = self.model
-        width = max(len(r.ids) for r in batch)
         lengths = [len(r.ids) for r in batch]
-        ids = torch.zeros((len(batch), width), dtype=torch.int64)
-        mask = torch.zeros((len(batch), width), dtype=torch.int64)
-        for i, r in enumerate(batch):
+        width = max(lengths)
+        # A handful of tensor ops a batch rather than a few a request: every torch call
+        # gives the GIL up and takes it back, and with the HTTP and writer threads
+        # wanting it each take-back can wait (docs/performance.md).
+        padded = []
+        for r in batch:
             # Right padding: position ids stay 0..T-1 for every request, and causal
             # attention never lets a real token see the pads after it.
-            ids[i, : len(r.ids)] = torch.tensor(r.ids, dtype=torch.int64)
-            mask[i, : len(r.ids)] = 1
+            padded += r.ids
+            padded += [0] * (width - len(r.ids))
+        ids = torch.tensor(padded, dtype=torch.int64).view(len(batch), width)
+        mask = (torch.arange(width).unsqueeze(0) < torch.tensor(lengths).unsqueeze(1)).to(torch.int64)
         # The real rows' positions in the flattened [B * W] batch: only these are copied.
         rows = mask.view(-1).nonzero().view(-1)
         started = time.monotonic()
         try:
-            ids, mask, rows = (to_device(t, model.device) for t in (ids, mask, rows))
-            captured, final = capture(model, ids, mask, self.layers)
-            dev = final.device
-            if self.pipeline is None:
-                from extract_hook import pipeline
-
-                self.pipeline = pipeline.Pipeline(torch, dev, max(self.args.max_batch_tokens, 1), model.hidden_size,
-                                                  buffers=self.args.host_buffers, writers=self.args.writers)
-            h = model.hidden_size
-            n = int(rows.numel())
-            flat, aux, fin = self.pipeline.device_buffer(n)
-            rows = rows.to(dev, non_blocking=True)
-            for j, c in enumerate(captured):
-                aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
-            torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
-            del captured, final, aux, fin
+            with self._stream(torch, model.device):
+                waited = self._forward(torch, model, batch, ids, mask, rows, lengths)
         except _out_of_memory() as e:
             # Too big a batch for this GPU: fail these requests (the orchestrator retries
             # them) and keep serving; a smaller server.transformers.max_batch_tokens fixes it.
@@ -252,12 +153,56 @@ class Engine:
             s["tokens"] += sum(lengths)
             s["padded_tokens"] += width * len(batch)
             s["max_batch_requests_seen"] = max(s["max_batch_requests_seen"], len(batch))
-            s["forward_seconds"] += elapsed  # the forward thread's time: the GPU runs on after it
+            s["forward_seconds"] += elapsed - waited  # the forward thread's time: the GPU runs on after it
+            s["buffer_wait_seconds"] += waited
+            n = s["batches"]
         # One line a batch: with it an offline forward can replay the very same batch
         # (same padding, same shapes, same kernels) and compare bit for bit
-        # (scripts/device_transformers.py); "-" is a health probe's [0].
-        log.info("batch %d: width %d rids %s", s["batches"], width, ",".join(r.rid or "-" for r in batch))
+        # (scripts/device_transformers.py); "-" is a health probe's [0]. Then the forward
+        # thread's milliseconds on it and those it waited for a free host buffer.
+        log.info("batch %d: width %d rids %s ms %.1f wait %.1f", n, width, ",".join(r.rid or "-" for r in batch),
+                 1e3 * (elapsed - waited), 1e3 * waited)
+
+    def _stream(self, torch, device):
+        """The CUDA stream this batch runs on, in turn among --forward-streams. The
+        attention mask's padding check (transformers' padding_mask.all()) waits for the
+        current stream to drain: on one stream every batch's launches start only once
+        the batch before it is done, so the GPU idles while this thread, sharing the GIL
+        with the HTTP and writer threads, launches the first kernels. On two, the check
+        waits for the batch before last, and one batch is always queued."""
+        import contextlib
+
+        if device.type != "cuda" or self.args.forward_streams < 2:
+            return contextlib.nullcontext()
+        if self._streams is None:
+            self._streams = [torch.cuda.Stream(device=device) for _ in range(self.args.forward_streams)]
+            for st in self._streams:  # the weights were loaded on the default stream
+                st.wait_stream(torch.cuda.current_stream(device))
+        self._turn += 1
+        return torch.cuda.stream(self._streams[self._turn % len(self._streams)])
+
+    def _forward(self, torch, model, batch, ids, mask, rows, lengths):
+        """The forward, the gather of the real rows and the hand-off to the pipeline, on
+        the current stream. Returns the seconds submit waited for a free host buffer."""
+        ids, mask, rows = (to_device(t, model.device) for t in (ids, mask, rows))
+        captured, final = capture(model, ids, mask, self.layers)
+        dev = final.device
+        if self.pipeline is None:
+            from extract_hook import pipeline
+
+            self.pipeline = pipeline.Pipeline(torch, dev, max(self.args.max_batch_tokens, 1), model.hidden_size,
+                                              buffers=self.args.host_buffers, writers=self.args.writers)
+        h = model.hidden_size
+        n = int(rows.numel())
+        flat, aux, fin = self.pipeline.device_buffer(n)
+        rows = rows.to(dev, non_blocking=True)
+        for j, c in enumerate(captured):
+            aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
+        torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
+        del captured, final, aux, fin
+        t = time.monotonic()
         self.pipeline.submit(flat, n, batch, spans(lengths), self._write, lambda: None)
+        return time.monotonic() - t
 
     def _write(self, host, r, start, end, rows):
         """Writes request r's dump from rows [start, end) of its batch's host block (a
@@ -455,11 +400,15 @@ def parse_generate(body, model):
         ids = model.tokenizer(text)
     if not isinstance(ids, list) or not ids:
         return rid, None, "input_ids must be a non-empty list of integers"
+    # An id outside the vocabulary would be a device-side assert on a GPU, which kills
+    # the process: refuse it here instead. The common case in C (set, min, max: the GIL
+    # this thread holds is the one the forward thread needs); the loop names the bad id.
+    vocab = model.vocab_size
+    if set(map(type, ids)) == {int} and min(ids) >= 0 and (vocab is None or max(ids) < vocab):
+        return rid, ids, None
     for i in ids:
-        # An id outside the vocabulary would be a device-side assert on a GPU, which
-        # kills the process: refuse it here instead.
-        if type(i) is not int or i < 0 or (model.vocab_size is not None and i >= model.vocab_size):
-            return rid, None, f"input id {i!r} is not an integer in [0, {model.vocab_size})"
+        if type(i) is not int or i < 0 or (vocab is not None and i >= vocab):
+            return rid, None, f"input id {i!r} is not an integer in [0, {vocab})"
     return rid, ids, None
 
 
@@ -478,7 +427,12 @@ def parse_args(argv):
     p.add_argument("--batch-wait", type=float, default=0.005, help="seconds a batch waits for more requests")
     p.add_argument("--window-requests", type=int, default=256,
                    help="requests sorted by length together before they are cut into batches")
-    p.add_argument("--writers", type=int, default=8, help="threads writing dumps")
+    # Measured on an H200 with the output on a tmpfs (docs/performance.md): 2 writers
+    # 112,972 tok/s, 4: 116,571, 8: 110,079, 16 (6 host buffers): 95,226. Past 4 the
+    # writers take the GIL from the batch thread more than they add bandwidth.
+    p.add_argument("--writers", type=int, default=4, help="threads writing dumps")
+    p.add_argument("--forward-streams", type=int, default=2,
+                   help="CUDA streams the batches take in turn, so one is queued while the GPU runs another")
     p.add_argument("--host-buffers", type=int, default=3,
                    help="pinned host buffers of max-batch-tokens rows: batches copied or written at once")
     return p.parse_args(argv)

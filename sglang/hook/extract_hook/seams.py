@@ -447,11 +447,14 @@ def _prepare(server_args):
     if problems:
         _fail(problems)
     if getattr(server_args, "enable_flashinfer_allreduce_fusion", False):
-        # SGLang turns this on by itself for DeepSeek-V3 and Kimi-K2.5 on one SM90/SM100
-        # node. Fused, a layer's MLP output stays un-reduced until the next layer's
-        # norm (communicator.py, should_fuse_mlp_allreduce_with_next_layer), so the
-        # hidden_states + residual captured before that layer would hold one rank's
-        # partial sum. Every rank runs this same code, so all of them turn it off.
+        # Before v0.5.15 SGLang turns this on by itself for DeepSeek-V3 and Kimi-K2.5 on
+        # one SM90/SM100 node. Fused, a layer's MLP output stays un-reduced until the
+        # next layer's norm (communicator.py, should_fuse_mlp_allreduce_with_next_layer),
+        # so the hidden_states + residual captured before that layer would hold one
+        # rank's partial sum. Every rank runs this same code, so all of them turn it off.
+        # From v0.5.15 on the flag is an alias reset to False (the switch is
+        # flashinfer_allreduce_fusion_backend) and the capture follows the fused
+        # all-reduce, so this never fires there and the backend stays (README.md).
         log.warning("extract dump hook: turning off FlashInfer all-reduce fusion, which would corrupt the captured layers")
         server_args.enable_flashinfer_allreduce_fusion = False
     return directory, layers

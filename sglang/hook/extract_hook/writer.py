@@ -11,7 +11,6 @@ import errno
 import json
 import os
 import re
-import secrets
 import struct
 
 from . import HOOK_VERSION, PROTOCOL
@@ -204,7 +203,7 @@ def write_marker(directory, pid, info):
     final = marker_path(directory, pid)
     # A name of our own for the temp file: a leftover .partial of an earlier process
     # with this pid, or one planted there, is not ours to truncate or to remove.
-    partial = f"{final}.{secrets.token_hex(8)}{PARTIAL_SUFFIX}"
+    partial = f"{final}.{os.urandom(8).hex()}{PARTIAL_SUFFIX}"
     text = json.dumps(content, indent=2, sort_keys=True) + "\n"
     try:
         create_file(partial, [text.encode()])

@@ -235,6 +235,9 @@ class Worker:
         texts, bounds = [full], []
         for k in assistants:
             prompt, _ = self.render(messages[:k], tools, True)
+            if k == assistants[0] and prompt == self.render(messages[:k], tools, False)[0]:
+                # Without a generation prompt the assistant's header would count as its turn.
+                raise Refused("template_error", "the template renders no generation prompt (add_generation_prompt changes nothing): the assistant's header cannot be told from its turn; use a template that has one, or generation tags")
             turn, _ = self.render(messages[:k + 1], tools, False)
             if not turn.startswith(prompt):
                 raise Refused("not_a_token_prefix", f"turn {k}: the prompt with the generation prompt is not a prefix of the prompt with the assistant turn (the generation prompt differs from how the template renders the turn)")
@@ -265,8 +268,7 @@ class Worker:
                 raise Refused("not_a_token_prefix", f"turn {k}: the assistant turn is {b - a} tokens after token {a}")
             end = self.turn_end(full, a, b, k)
             add_span(spans, prev, a, False, -1, "prompt")
-            for t in range(a, end):
-                mask[t] = 1
+            mask[a:end] = [1] * (end - a)
             body = end - 1 if self.include_eot else end
             add_span(spans, a, body, True, k, "assistant turn (token prefix)")
             add_span(spans, body, end, self.include_eot, k, "end of turn (prepare.end_of_turn: include)")
@@ -294,9 +296,8 @@ class Worker:
         all. A token that holds characters both inside and outside a block cannot be
         masked exactly: the conversation is refused."""
         mask = [0] * len(ids)
-        starts = [s for s, _ in offsets]
-        ends = [e for _, e in offsets]
-        if any(starts[i] > starts[i + 1] or ends[i] > ends[i + 1] for i in range(len(ids) - 1)):
+        starts, ends = (list(x) for x in zip(*offsets)) if offsets else ([], [])
+        if starts != sorted(starts) or ends != sorted(ends):  # sorted() runs in C: cheaper than a loop
             raise Refused("template_error", "the tokenizer's offsets are not in order; use prepare.mask: prefix")
 
         def tokens_of(a, b):
@@ -313,8 +314,7 @@ class Worker:
                 raise Refused("empty_mask", f"turn {k}: the generation block's characters {a}-{b} map to no token")
             if starts[start] < a or ends[end] > b:
                 raise Refused("token_crosses_turn_boundary", f"turn {k}: a token holds characters both inside and outside the generation block ({a}-{b})")
-            for t in range(start, end + 1):
-                mask[t] = 1
+            mask[start:end + 1] = [1] * (end + 1 - start)
             runs.append((k, start, end + 1))
         spans = []
         prev = 0
