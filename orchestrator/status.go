@@ -313,6 +313,9 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	path := filepath.Join(cfg.StateDir, "index.db")
 	if _, err := os.Stat(path); err != nil {
 		if os.IsNotExist(err) {
+			if hasGenerateIndex(cfg.StateDir) {
+				return st, nil // only the generate stage has run: its block says where it stands
+			}
 			return st, noIndex(cfg, path)
 		}
 		return st, fmt.Errorf("index %s: %w", path, err)
