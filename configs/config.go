@@ -44,9 +44,10 @@ type Config struct {
 	DatasetMaxLine ByteSize `mapstructure:"dataset_max_line"`
 	// DatasetFormat: auto (from the lines), tokens (input_ids or text), or a conversation
 	// format (sharegpt, openai, ultrachat), which prepare turns into tokens first.
-	DatasetFormat string  `mapstructure:"dataset_format"`
-	Prepare       Prepare `mapstructure:"prepare"`
-	Vocab         Vocab   `mapstructure:"vocab"`
+	DatasetFormat string   `mapstructure:"dataset_format"`
+	Prepare       Prepare  `mapstructure:"prepare"`
+	Vocab         Vocab    `mapstructure:"vocab"`
+	Generate      Generate `mapstructure:"generate"`
 }
 
 // Server describes the SGLang server (or the simulator standing in for it).
@@ -118,6 +119,15 @@ type Simulator struct {
 	// these samples arrives, with whatever else is in flight: a prompt that kills the
 	// server, for tests of the poison rule.
 	CrashOnSamples []int `mapstructure:"crash_on_samples"`
+	// ReplyTokens, EmptyEvery and ThinkEvery shape the replies to extract generate
+	// (docs/generate.md); CrashOnRID kills the simulator when a generation rid with one
+	// of these prefixes arrives (a poison conversation, for tests).
+	ReplyTokens int      `mapstructure:"reply_tokens"`
+	EmptyEvery  int      `mapstructure:"empty_every"`
+	ThinkEvery  int      `mapstructure:"think_every"`
+	CrashOnRID  []string `mapstructure:"crash_on_rid"`
+	// ContextLength refuses a longer generation prompt with 400 (0: no bound).
+	ContextLength int `mapstructure:"context_length"`
 }
 
 // Run tunes the pipeline.
@@ -211,6 +221,7 @@ func Default() Config {
 		DatasetMaxLine: 32 << 20,
 		DatasetFormat:  "auto",
 		Prepare:        defaultPrepare(),
+		Generate:       defaultGenerate(),
 	}
 }
 
@@ -291,6 +302,7 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 		"dataset": &c.Dataset, "output_dir": &c.OutputDir, "state_dir": &c.StateDir,
 		"shm_dir": &c.ShmDir, "server.model_path": &c.Server.ModelPath,
 		"prepare.chat_template": &c.Prepare.ChatTemplate, "prepare.tokenizer": &c.Prepare.Tokenizer,
+		"generate.to": &c.Generate.To,
 	} {
 		*p = resolve(*p, base, fromFile(v, key, flags))
 	}

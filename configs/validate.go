@@ -215,6 +215,7 @@ func (c *Config) Validate() error {
 		bad("log.level", "must be debug, info, warn or error")
 	}
 	errs = append(errs, c.checkPrepare()...)
+	errs = append(errs, c.checkGenerate()...)
 	return errors.Join(errs...)
 }
 

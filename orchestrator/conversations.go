@@ -27,6 +27,9 @@ func (e errPrepareHeld) Error() string {
 // naming what changed once the index has progress; without progress (or with --fresh)
 // it is prepared again.
 func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (string, error) {
+	if cfg.Generate.Enabled {
+		return runGenerate(ctx, cfg, opt) // generate_job.go
+	}
 	conv, err := prepare.IsConversations(cfg)
 	if err != nil {
 		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)

@@ -186,6 +186,9 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 			DecodeDelay:     s.Simulator.DecodeDelay,
 			RequestLog:      s.Simulator.RequestLog,
 			CrashOnSamples:  s.Simulator.CrashOnSamples,
+			GenReplyTokens:  s.Simulator.ReplyTokens, GenEmptyEvery: s.Simulator.EmptyEvery,
+			GenThinkEvery: s.Simulator.ThinkEvery, CrashOnRID: s.Simulator.CrashOnRID,
+			GenContextLength: s.Simulator.ContextLength,
 		},
 		Transformers: transformersSpec(cfg),
 	}

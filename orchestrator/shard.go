@@ -79,7 +79,7 @@ func planDirs(jobStateDir string) (map[int][]string, error) {
 		if !ok || !e.IsDir() {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(jobStateDir, e.Name(), "index.db")); err == nil {
+		if _, err := os.Stat(filepath.Join(jobStateDir, e.Name(), "index.db")); err == nil || hasGenerateIndex(filepath.Join(jobStateDir, e.Name())) {
 			plans[n] = append(plans[n], e.Name())
 		}
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator/generate"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -56,6 +57,8 @@ type Status struct {
 	StartedAt        *time.Time       `json:"started_at,omitempty"`
 	UpdatedAt        time.Time        `json:"updated_at"`
 	Prepare          *PrepareStatus   `json:"prepare,omitempty"` // a conversation job's prepare step (conversations.go)
+	// Generate is the generate stage (extract generate, generate.enabled), when one ran.
+	Generate *generate.Status `json:"generate,omitempty"`
 }
 
 // ServerStatus describes one server (replica) the run drives.
@@ -310,6 +313,9 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	path := filepath.Join(cfg.StateDir, "index.db")
 	if _, err := os.Stat(path); err != nil {
 		if os.IsNotExist(err) {
+			if hasGenerateIndex(cfg.StateDir) {
+				return st, nil // only the generate stage has run: its block says where it stands
+			}
 			return st, noIndex(cfg, path)
 		}
 		return st, fmt.Errorf("index %s: %w", path, err)

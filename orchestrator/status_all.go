@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator/generate"
 )
 
 // JobStatus is `extract status --all`: the whole job across every shard of its plan.
@@ -32,6 +33,8 @@ type JobStatus struct {
 	PerShard  []ShardStatus `json:"per_shard"`
 	StateDir  string        `json:"state_dir"`
 	OutputDir string        `json:"output_dir"`
+	// Generate sums the shards' generate stages, when any ran.
+	Generate *generate.Status `json:"generate,omitempty"`
 }
 
 // ShardStatus is one shard's row.
@@ -56,7 +59,9 @@ type ShardStatus struct {
 	ETASeconds       float64   `json:"eta_seconds"`
 	UpdatedAt        time.Time `json:"updated_at"`
 	Error            string    `json:"error,omitempty"`
-	dataset          int       // the dataset's size as the shard knows it; 0 unknown
+	// Generate is the shard's generate stage, when one ran.
+	Generate *generate.Status `json:"generate,omitempty"`
+	dataset  int              // the dataset's size as the shard knows it; 0 unknown
 }
 
 // liveTimeout bounds asking a running shard on this host: status --all must answer in
@@ -107,6 +112,7 @@ func QueryStatusAll(ctx context.Context, cfg *configs.Config) (JobStatus, error)
 				c.StateDir, c.Shard = base, configs.Shard{}
 			}
 			rows[i] = shardStatus(ctx, &c, i)
+			rows[i].Generate = GenerateStatus(c.StateDir)
 		}()
 	}
 	wg.Wait()
@@ -133,6 +139,7 @@ func QueryStatusAll(ctx context.Context, cfg *configs.Config) (JobStatus, error)
 		}
 	}
 	js.finish(rows)
+	js.Generate = sumGenerate(rows)
 	return js, nil
 }
 

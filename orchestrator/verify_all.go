@@ -14,6 +14,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/orchestrator/generate"
 )
 
 // VerifyAllReport is `extract verify --all`: whether the shards add up to the dataset,
@@ -40,6 +41,12 @@ type VerifyAllReport struct {
 	PerShard   []VerifyShardRow `json:"per_shard"`
 	Problems   []string         `json:"problems"`
 	Unlisted   int              `json:"unlisted"` // problems past the cap of the list
+	// Generate is each shard's generate index checked against itself and its output,
+	// when the job generated (nil otherwise); GenerateProblems counts what is wrong.
+	Generate         []generate.VerifyReport `json:"generate,omitempty"`
+	GenerateProblems int                     `json:"generate_problems"`
+	// GenerateOnly: no shard has extracted yet, only the generate stage is checked.
+	GenerateOnly bool `json:"generate_only,omitempty"`
 }
 
 // VerifyShardRow is one shard's part of the report.
@@ -55,7 +62,10 @@ type VerifyShardRow struct {
 
 // OK says the union of the shards is the dataset, exactly once, with every file sound.
 func (r VerifyAllReport) OK() bool {
-	return r.Gaps+r.Overlaps+r.Misplaced+r.Missing+r.Corrupt+r.Orphans+r.TempFiles+r.Mismatched == 0 && r.Done == r.Samples
+	if r.GenerateOnly {
+		return r.GenerateProblems == 0
+	}
+	return r.Gaps+r.Overlaps+r.Misplaced+r.Missing+r.Corrupt+r.Orphans+r.TempFiles+r.Mismatched+r.GenerateProblems == 0 && r.Done == r.Samples
 }
 
 func (r *VerifyAllReport) problem(format string, args ...any) {
@@ -93,6 +103,9 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 		}
 		slices.Sort(ns)
 		return rep, fmt.Errorf("%w: state dir %s holds more than one plan (%v shards): move the old one aside", ErrRefused, base, ns)
+	}
+	if done, err := verifyGenerateAll(base, n, &rep); err != nil || done {
+		return rep, err // generate_job.go; done: only the generate stage ran
 	}
 	ds, err := OpenJobDataset(ctx, cfg)
 	if err != nil {

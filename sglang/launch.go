@@ -64,6 +64,9 @@ type SimulatorSpec struct {
 	DecodeDelay     time.Duration
 	RequestLog      string
 	CrashOnSamples  []int
+	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
+	GenReplyTokens, GenEmptyEvery, GenThinkEvery, GenContextLength int
+	CrashOnRID                                                     []string
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -214,6 +217,11 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
 			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
+			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
+			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
+			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},
+			{"--gen-context-length", sim.GenContextLength != 0, strconv.Itoa(sim.GenContextLength)},
+			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
 		} {
 			if f.set {
 				argv = append(argv, f.name, f.val)

@@ -92,7 +92,7 @@ func newRootCmd() *cobra.Command {
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%v (see `%s --help`)", err, c.CommandPath())}
 	})
-	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd(), newPrepareCmd(), newVocabCmd(), newReportCmd())
+	root.AddCommand(newRunCmd(), newStatusCmd(), newDoctorCmd(), newStopCmd(), newVerifyCmd(), newSimulateCmd(), newImportCmd(), newExportCmd(), newPlanCmd(), newPrepareCmd(), newVocabCmd(), newReportCmd(), newGenerateCmd())
 	return root
 }
 

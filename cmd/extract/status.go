@@ -51,6 +51,7 @@ func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Dura
 		if err != nil {
 			return err
 		}
+		st.Generate = orchestrator.GenerateStatus(cfg.StateDir)
 		if asJSON {
 			return printJSON(out, st)
 		}
@@ -104,6 +105,9 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 	}
 	for reason, n := range st.Rejected {
 		fmt.Fprintf(w, "rejected:  %d %s\n", n, reason)
+	}
+	if st.Generate != nil {
+		fmt.Fprintln(w, generateLine(*st.Generate))
 	}
 	fmt.Fprintf(w, "output:    %s\n", st.OutputDir)
 }

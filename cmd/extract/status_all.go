@@ -68,5 +68,13 @@ func printStatusAll(w io.Writer, js orchestrator.JobStatus) {
 	if err := tw.Flush(); err != nil {
 		fmt.Fprintf(w, "(the shard table could not be written: %v)\n", err)
 	}
+	if js.Generate != nil {
+		fmt.Fprintf(w, "%s\n", generateLine(*js.Generate))
+		for _, r := range js.PerShard {
+			if r.Generate != nil {
+				fmt.Fprintf(w, "  shard %d/%d %s\n", r.Shard, js.Shards, generateLine(*r.Generate))
+			}
+		}
+	}
 	fmt.Fprintf(w, "output:    %s\n", js.OutputDir)
 }

@@ -29,6 +29,16 @@ func runVerifyAll(cmd *cobra.Command, cf *configFlags, opt checkpoint.VerifyOpti
 		fmt.Fprintln(out, p)
 	}
 	printUnlisted(out, rep.Unlisted)
+	for i, g := range rep.Generate {
+		fmt.Fprintf(out, "generate %d: lines %d-%d, %d done, %d dropped, %d failed, %d pending; output %d lines, %d problems\n", i, g.Lo, g.Hi, g.Done, g.Dropped, g.Failed, g.Pending, g.OutputLines, len(g.Problems))
+	}
+	if rep.GenerateOnly {
+		if !rep.OK() {
+			return errors.New("verify --all found problems in the generate stage (listed above): `extract generate --resume --shard i/n` finishes a shard's pending conversations")
+		}
+		fmt.Fprintln(out, "ok: the shards' generate indexes cover the conversation file, each conversation exactly once, and each output holds its index's conversations in order")
+		return nil
+	}
 	for _, r := range rep.PerShard {
 		note := ""
 		if r.Note != "" {

@@ -17,6 +17,10 @@
 # environment, which sbatch passes on by default. `extract status --all` and
 # `extract verify --all` (from any node that sees state_dir) show and check the whole job.
 #
+# The data stage's regeneration splits the same way: SHARD_COMMAND=generate runs
+# `extract generate --resume --shard auto` per task (each shard writes
+# state_dir/shard-<i>-of-<n>/generate/generated.jsonl; in shard order they are the file).
+#
 # Real nodes: one shard per 8-GPU node. Add to the #SBATCH lines (or the sbatch command):
 #   --nodes=1 --exclusive --gres=gpu:8 --time=...
 #SBATCH --job-name=extract
@@ -25,7 +29,7 @@
 #SBATCH --output=extract-%A_%a.out
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 -*) echo "extract-array.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
 esac
 
@@ -44,7 +48,7 @@ fi
 # on: a second SIGTERM makes extract stop at once.
 cancelled=0
 trap 'cancelled=1' TERM INT
-extract run --resume --shard auto &
+extract "${SHARD_COMMAND:-run}" --resume --shard auto &
 pid=$!
 rc=0
 while :; do

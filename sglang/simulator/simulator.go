@@ -72,6 +72,11 @@ type Config struct {
 	// of these samples (by its rid, s<sample>-a<attempt>) arrives: a prompt that kills
 	// the server, and every request in flight with it, as a batch holding it would.
 	CrashOnSamples []int
+	// Gen shapes the replies to extract generate's requests (generate.go).
+	Gen GenConfig
+	// CrashOnRID makes the process exit (status 3) when a generation request whose rid
+	// starts with one of these arrives: a prompt that kills the server every time.
+	CrashOnRID []string
 }
 
 // BindFlags registers one flag per field, with the names sglang.LaunchSpec.Argv uses.
@@ -95,6 +100,11 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
 	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
 	fs.IntSliceVar(&c.CrashOnSamples, "crash-on-samples", nil, "fault: exit with status 3 when a request for one of these samples arrives")
+	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
+	fs.IntVar(&c.Gen.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
+	fs.IntVar(&c.Gen.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
+	fs.IntVar(&c.Gen.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
+	fs.StringSliceVar(&c.CrashOnRID, "crash-on-rid", nil, "fault: exit with status 3 when a generation rid with this prefix arrives")
 }
 
 func (c *Config) normalize() error {
@@ -131,7 +141,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.Gen.ReplyTokens < 0 || c.Gen.EmptyEvery < 0 || c.Gen.ThinkEvery < 0 || c.Gen.ContextLength < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {
@@ -243,7 +253,8 @@ type generateRequest struct {
 	InputIDs       []int64 `json:"input_ids"`
 	Text           *string `json:"text"`
 	SamplingParams struct {
-		MaxNewTokens int `json:"max_new_tokens"`
+		MaxNewTokens int   `json:"max_new_tokens"`
+		Seed         int64 `json:"sampling_seed"`
 	} `json:"sampling_params"`
 }
 
@@ -294,6 +305,10 @@ func (s *Server) generate(ctx context.Context, w http.ResponseWriter, r *http.Re
 	ids, msg := req.tokens()
 	if msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	if isGeneration(req.RID) {
+		s.answerGeneration(w, r, &req, ids, start)
 		return
 	}
 	if s.crashesOn(req.RID) {

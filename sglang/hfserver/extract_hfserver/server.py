@@ -23,7 +23,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from extract_hook import writer
 
-from . import SERVER_VERSION, backend
+from . import SERVER_VERSION, backend, generation
 from .batching import Request, Serving, plan_window, spans
 
 log = logging.getLogger("extract_hfserver")
@@ -358,6 +358,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._error(400, f"request body is not JSON: {err}")
         if not e.ready.is_set():
             return self._error(503, "model is loading")
+        if generation.is_generation(body):  # extract generate (generation.py)
+            return generation.serve(self, e, body, started)
         rid, ids, msg = parse_generate(body, e.model)
         if msg:
             return self._error(400, msg)

@@ -180,6 +180,14 @@ class Worker:
         except Exception as e:  # a template's raise_exception, or a bug in it
             raise Refused("template_error", f"the chat template raised {type(e).__name__}: {e}")
 
+    def render_text(self, req):
+        """extract generate: the template's text of the messages so far."""
+        try:
+            text, _ = self.render([to_hf(m) for m in req["messages"]], req.get("tools"), bool(req.get("generation_prompt")))
+        except Refused as r:
+            return {"refused": {"reason": r.reason, "detail": r.detail}}
+        return {"text": text}
+
     def encode_texts(self, texts, offsets):
         if self.backend is not None:
             encs = self.backend.encode_batch(texts, add_special_tokens=False)
@@ -371,6 +379,10 @@ def main():
         req = json.loads(line)
         if req["op"] == "encode":
             reply({"results": worker.encode_batch(req["convs"])})
+        elif req["op"] == "render_text":
+            reply(worker.render_text(req))
+        elif req["op"] == "encode_text":
+            reply({"ids": list(worker.encode_texts([req["text"]], False)[0][0])})
         elif req["op"] == "pieces":
             reply({"pieces": worker.pieces(req["ids"])})
         else:
