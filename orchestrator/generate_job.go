@@ -260,11 +260,11 @@ func newRenderer(cfg *configs.Config, log *slog.Logger) (generate.Renderer, func
 	}
 	eot, err := pool.EndOfTurnTexts(context.Background())
 	if err != nil {
-		pool.Close()
+		_ = pool.Close() // the error above is the one to report
 		return nil, nil, fmt.Errorf("%w: tokenizer: %w", ErrPreflight, err)
 	}
 	tok, tmpl := pool.Identity()
-	return generate.PoolRenderer{Pool: pool, EOT: eot, ID: tok + "/" + tmpl}, func() { pool.Close() }, nil
+	return generate.PoolRenderer{Pool: pool, EOT: eot, ID: tok + "/" + tmpl}, func() { _ = pool.Close() }, nil
 }
 
 // runGenerate is the run's first stage with generate.enabled: the conversations

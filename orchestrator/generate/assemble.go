@@ -60,7 +60,7 @@ func assemble(ix *index, path string, lo, hi int, sum *Summary) error {
 	if err != nil {
 		return fmt.Errorf("output temp %s: %w", tmp, err)
 	}
-	defer os.Remove(tmp) // after the rename it names nothing
+	defer func() { _ = os.Remove(tmp) }() // after the rename it names nothing
 	w := bufio.NewWriterSize(f, 1<<20)
 	enc := json.NewEncoder(w)
 	enc.SetEscapeHTML(false)

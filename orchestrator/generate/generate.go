@@ -111,7 +111,7 @@ func Run(ctx context.Context, o Options) (Summary, error) {
 	if err != nil {
 		return Summary{}, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // every record was committed (synced) when it counted
 	want := Meta{Conversations: src.sha256, Source: o.From, Lines: src.lines, Renderer: o.Renderer.Identity(),
 		Options: digest(o.OptionsText), OptionsText: o.OptionsText, Lo: lo, Hi: hi, Created: time.Now().UTC()}
 	if err := checkMeta(ix, want, o); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/conversation"
@@ -89,7 +90,7 @@ func openIndex(path string, readOnly bool) (*index, error) {
 			err = atomicfile.SyncDir(parentDir(path))
 		}
 		if err != nil {
-			db.Close()
+			_ = db.Close() // the init failed: that error is the one to report
 			return nil, fmt.Errorf("init generate index %s: %w", path, err)
 		}
 	}
@@ -134,7 +135,7 @@ func (ix *index) reset(m Meta) error {
 	}
 	return ix.db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketDeaths} {
-			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolt.ErrBucketNotFound) {
+			if err := tx.DeleteBucket(b); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 				return err
 			}
 			if _, err := tx.CreateBucket(b); err != nil {

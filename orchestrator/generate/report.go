@@ -44,7 +44,7 @@ func ReadReport(dir string, worst int) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // read only
 	m, _, err := ix.meta()
 	if err != nil {
 		return Report{}, err

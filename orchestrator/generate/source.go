@@ -11,9 +11,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/userfile"
 )
 
 // source is what the fingerprint and the shard span need of the conversation file.
@@ -22,17 +22,12 @@ type source struct {
 	lines  int
 }
 
-// openRegular opens path for reading only if it is a regular file (not a FIFO, device
-// or symlink), without blocking.
+// openRegular opens the conversation file as every file a user names is opened
+// (userfile.OpenRegular: never blocking on a FIFO, only a regular file).
 func openRegular(path string) (*os.File, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	f, err := userfile.OpenRegular(path)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open %s: %v", ErrBadInput, path, err)
-	}
-	st, err := f.Stat()
-	if err != nil || !st.Mode().IsRegular() {
-		f.Close()
-		return nil, fmt.Errorf("%w: %s is not a regular file", ErrBadInput, path)
+		return nil, fmt.Errorf("%w: %w", ErrBadInput, err)
 	}
 	return f, nil
 }
@@ -43,7 +38,7 @@ func scanSource(path string) (source, error) {
 	if err != nil {
 		return source{}, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	h := sha256.New()
 	r := bufio.NewReaderSize(f, 1<<20)
 	var s source
@@ -80,7 +75,7 @@ func readMissing(ctx context.Context, o Options, fin map[int]State, lo, hi int, 
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := conversation.NewScanner(f, o.Format, o.MaxLine, 0, 1)
 	for s := 0; s < hi; s++ {
 		l, err := sc.Next()

@@ -41,7 +41,7 @@ func Verify(dir string) (VerifyReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	defer ix.Close()
+	defer func() { _ = ix.Close() }() // read only
 	m, ok, err := ix.meta()
 	if err != nil {
 		return rep, err
@@ -92,7 +92,7 @@ func Verify(dir string) (VerifyReport, error) {
 		rep.problem("output %s: %v", m.Output, err)
 		return rep, nil
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := bufio.NewScanner(f)
 	sc.Buffer(nil, 1<<30)
 	for sc.Scan() {
