@@ -40,7 +40,7 @@ flags and the worst lines. See docs/generate.md.
 <state_dir>/generate/generated.jsonl); with --shard and --to, each shard writes
 OUT.shard-<i>-of-<n>.jsonl.
 
-Exit status: 0 generated; 1 failed; 2 bad config, input or a changed index; 75 stopped
+Exit codes: 0 generated; 1 failed; 2 bad config, input or a changed index; 75 stopped
 or servers down (worth a retry).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
