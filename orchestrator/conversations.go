@@ -21,6 +21,21 @@ func (e errPrepareHeld) Error() string {
 	return fmt.Sprintf("another run (pid %d) holds the lock", e.pid)
 }
 
+// acquireStageLock takes the run lock for a stage a run does before its extraction
+// (prepare, generate): another run holding it is that job going already
+// (errPrepareHeld, exit 0); verify, import or export end soon (exit 75).
+func acquireStageLock(cfg *configs.Config) (*Lock, error) {
+	lock, err := AcquireLock(cfg.StateDir, "run")
+	var held *HeldError
+	if errors.As(err, &held) && held.Holder.IsRun() {
+		return nil, errPrepareHeld{held.Holder.PID}
+	}
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, held.Holder, held.Path)
+	}
+	return lock, err
+}
+
 // runDataset is the dataset the run reads: the configured one, or, for a conversation
 // file, its prepared form in state_dir/prepare, made (or resumed) here first, under the
 // run lock and before any GPU time. A prepare dir made from other inputs is refused
@@ -43,14 +58,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	if err := makeJobDirs(cfg); err != nil {
 		return "", err
 	}
-	lock, err := AcquireLock(cfg.StateDir, "run")
-	var held *HeldError
-	if errors.As(err, &held) && held.Holder.IsRun() {
-		return "", errPrepareHeld{held.Holder.PID}
-	}
-	if errors.As(err, &held) {
-		return "", fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, held.Holder, held.Path)
-	}
+	lock, err := acquireStageLock(cfg)
 	if err != nil {
 		return "", err
 	}

@@ -278,14 +278,7 @@ func runGenerate(ctx context.Context, cfg *configs.Config, opt RunOptions) (stri
 	if err := makeJobDirs(cfg); err != nil {
 		return "", err
 	}
-	lock, err := AcquireLock(cfg.StateDir, "run")
-	var held *HeldError
-	if errors.As(err, &held) && held.Holder.IsRun() {
-		return "", errPrepareHeld{held.Holder.PID}
-	}
-	if errors.As(err, &held) {
-		return "", fmt.Errorf("%w: %s holds %s; run again after it ends", ErrTemporary, held.Holder, held.Path)
-	}
+	lock, err := acquireStageLock(cfg)
 	if err != nil {
 		return "", err
 	}
