@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -27,26 +25,7 @@ func TestASlurmArrayOfFourGenerateShardsAddsUpToTheConversationsExactlyOnce(t *t
 	j, _, want := newGenerateJob(t, 160, g)
 	j.env = append(j.env, "EXTRACT_SERVER_SIMULATOR_DECODE_DELAY=4ms", "EXTRACT_GENERATE_MAX_INFLIGHT=2")
 	t.Cleanup(func() { j.stopShardServers(n) })
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "slurm", "extract-array.sh")
-	env := append(append([]string{}, j.env...),
-		"PATH="+filepath.Dir(extractBin)+":"+os.Getenv("PATH"),
-		"EXTRACT_CONFIG="+j.config,
-		"SHARD_PORT_BASE="+strconv.Itoa(freePort(t)-n),
-		"SHARD_COMMAND=generate",
-		"SLURM_CONF="+s.conf,
-	)
-	sbatch := func(array string, extra ...string) string {
-		t.Helper()
-		cmd := exec.Command("sbatch", append([]string{"--parsable", "--array=" + array, "--output=" + filepath.Join(j.dir, "slurm-%A_%a.out")}, append(extra, script)...)...)
-		cmd.Env, cmd.Dir = env, j.dir
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			t.Fatalf("sbatch --array=%s: %v\n%s", array, err, out)
-		}
-		id, _, _ := strings.Cut(strings.TrimSpace(string(out)), ";")
-		return id
-	}
+	sbatch := s.arraySubmitter(j, n, "SHARD_COMMAND=generate")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	jobID := sbatch("0-3")

@@ -227,25 +227,21 @@ func (s *slurmCluster) waitEmpty(ctx context.Context) {
 	}
 }
 
-func TestASlurmArrayOfFourShardsSurvivesAScancelAndAResubmissionAndAddsUpExactlyOnce(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Slurm daemons")
-	}
-	s := startSlurm(t)
-	const n = 4
-	j := newJob(t, 80, 1500)
-	t.Cleanup(func() { j.stopShardServers(n) })
+// arraySubmitter submits scripts/slurm/extract-array.sh as an array of n shards of j,
+// returning the job id. The tasks run the test's binary from PATH, the way a cluster's
+// module would put extract there; two share the node at a time, each with its own
+// simulator port.
+func (s *slurmCluster) arraySubmitter(j *job, n int, env ...string) func(array string, extra ...string) string {
+	t := s.t
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "slurm", "extract-array.sh")
-	// The tasks run the test's binary from PATH, the way a cluster's module would put
-	// extract there; two share the node at a time, each with its own simulator port.
-	env := append(append([]string{}, j.env...),
+	env = append(append(append([]string{}, j.env...),
 		"PATH="+filepath.Dir(extractBin)+":"+os.Getenv("PATH"),
 		"EXTRACT_CONFIG="+j.config,
 		"SHARD_PORT_BASE="+strconv.Itoa(freePort(t)-n),
 		"SLURM_CONF="+s.conf,
-	)
-	sbatch := func(array string, extra ...string) string {
+	), env...)
+	return func(array string, extra ...string) string {
 		t.Helper()
 		cmd := exec.Command("sbatch", append([]string{"--parsable", "--array=" + array, "--output=" + filepath.Join(j.dir, "slurm-%A_%a.out")}, append(extra, script)...)...)
 		cmd.Env, cmd.Dir = env, j.dir
@@ -256,6 +252,17 @@ func TestASlurmArrayOfFourShardsSurvivesAScancelAndAResubmissionAndAddsUpExactly
 		id, _, _ := strings.Cut(strings.TrimSpace(string(out)), ";")
 		return id
 	}
+}
+
+func TestASlurmArrayOfFourShardsSurvivesAScancelAndAResubmissionAndAddsUpExactlyOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Slurm daemons")
+	}
+	s := startSlurm(t)
+	const n = 4
+	j := newJob(t, 80, 1500)
+	t.Cleanup(func() { j.stopShardServers(n) })
+	sbatch := s.arraySubmitter(j, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
 	defer cancel()
 	jobID := sbatch("0-3")
