@@ -15,6 +15,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/extract-dev/extract/sglang/simulator"
 )
 
 // ErrInvalid marks a configuration the user must fix (exit 2).
@@ -98,37 +100,10 @@ type Transformers struct {
 	AttnImplementation string `mapstructure:"attn_implementation"`
 }
 
-// Simulator configures the embedded SGLang simulator (server.kind: simulator).
-type Simulator struct {
-	TokensPerSecond float64       `mapstructure:"tokens_per_second"`
-	HiddenSize      int           `mapstructure:"hidden_size"`
-	StartupDelay    time.Duration `mapstructure:"startup_delay"`
-	ExitAfter       int           `mapstructure:"exit_after"`
-	HangAfter       int           `mapstructure:"hang_after"`
-	Fail503Every    int           `mapstructure:"fail_503_every"`
-	CorruptEvery    int           `mapstructure:"corrupt_every"`
-	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
-	// DecodeDelay is the simulator's time per generated token after the first, between
-	// its dump and its answer (server.max_new_tokens > 1).
-	DecodeDelay time.Duration `mapstructure:"decode_delay"`
-	// RequestLog is a file the simulator appends "rid port open" of every request to (tests);
-	// replicas share it (O_APPEND, one write a line).
-	RequestLog string `mapstructure:"request_log"`
-
-	// CrashOnSamples makes the simulator exit (status 3) whenever a request for one of
-	// these samples arrives, with whatever else is in flight: a prompt that kills the
-	// server, for tests of the poison rule.
-	CrashOnSamples []int `mapstructure:"crash_on_samples"`
-	// ReplyTokens, EmptyEvery and ThinkEvery shape the replies to extract generate
-	// (docs/generate.md); CrashOnRID kills the simulator when a generation rid with one
-	// of these prefixes arrives (a poison conversation, for tests).
-	ReplyTokens int      `mapstructure:"reply_tokens"`
-	EmptyEvery  int      `mapstructure:"empty_every"`
-	ThinkEvery  int      `mapstructure:"think_every"`
-	CrashOnRID  []string `mapstructure:"crash_on_rid"`
-	// ContextLength refuses a longer generation prompt with 400 (0: no bound).
-	ContextLength int `mapstructure:"context_length"`
-}
+// Simulator is the server.simulator section (server.kind: simulator): the simulator's
+// own options, declared where the simulator reads them, so that a key, the launch spec
+// and the simulate command's flags cannot drift apart.
+type Simulator = simulator.Options
 
 // Run tunes the pipeline.
 type Run struct {
@@ -457,20 +432,25 @@ func (c *Config) FingerprintFields() []string {
 	return f
 }
 
-// flatten lists every leaf key of a Config with its value, by mapstructure tag.
+// flatten lists every leaf key of a Config with its value, by mapstructure tag; a
+// struct tagged ",squash" lends its keys to the section that holds it.
 func flatten(c Config) map[string]any {
 	out := map[string]any{}
 	var walk func(prefix string, v reflect.Value)
 	walk = func(prefix string, v reflect.Value) {
 		t := v.Type()
 		for i := 0; i < t.NumField(); i++ {
-			key := prefix + t.Field(i).Tag.Get("mapstructure")
+			name, opts, _ := strings.Cut(t.Field(i).Tag.Get("mapstructure"), ",")
 			f := v.Field(i)
 			if f.Kind() == reflect.Struct {
-				walk(key+".", f)
+				if opts == "squash" {
+					walk(prefix, f)
+				} else {
+					walk(prefix+name+".", f)
+				}
 				continue
 			}
-			out[key] = f.Interface()
+			out[prefix+name] = f.Interface()
 		}
 	}
 	walk("", reflect.ValueOf(c))

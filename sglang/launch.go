@@ -12,7 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/extract-dev/extract/sglang/simulator"
 )
 
 // Server kinds.
@@ -49,24 +50,11 @@ type LaunchSpec struct {
 }
 
 // SimulatorSpec configures kind simulator; Executable is the extract binary, whose hidden
-// "simulate" command runs the simulator.
+// "simulate" command runs the simulator, and NumLayers is the model's depth it claims.
 type SimulatorSpec struct {
-	Executable      string
-	TokensPerSecond float64
-	HiddenSize      int
-	NumLayers       int
-	StartupDelay    time.Duration
-	ExitAfter       int
-	HangAfter       int
-	Fail503Every    int
-	CorruptEvery    int
-	LateDumpDelay   time.Duration
-	DecodeDelay     time.Duration
-	RequestLog      string
-	CrashOnSamples  []int
-	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
-	GenReplyTokens, GenEmptyEvery, GenThinkEvery, GenContextLength int
-	CrashOnRID                                                     []string
+	Executable string
+	NumLayers  int
+	simulator.Options
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -201,32 +189,8 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			"--host", s.Host, "--port", port, "--shm-dir", s.ShmDir, "--model", s.ModelPath,
 			"--tp-size", strconv.Itoa(s.TPSize), "--hidden-size", strconv.Itoa(sim.HiddenSize),
 			"--num-layers", strconv.Itoa(sim.NumLayers), "--layers", joinLayers(s.Layers),
-			"--tokens-per-second", strconv.FormatFloat(sim.TokensPerSecond, 'g', -1, 64),
-			"--startup-delay", sim.StartupDelay.String(),
 		}
-		for _, f := range []struct {
-			name string
-			set  bool
-			val  string
-		}{
-			{"--exit-after", sim.ExitAfter != 0, strconv.Itoa(sim.ExitAfter)},
-			{"--hang-after", sim.HangAfter != 0, strconv.Itoa(sim.HangAfter)},
-			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
-			{"--corrupt-every", sim.CorruptEvery != 0, strconv.Itoa(sim.CorruptEvery)},
-			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
-			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
-			{"--request-log", sim.RequestLog != "", sim.RequestLog},
-			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
-			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
-			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
-			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},
-			{"--gen-context-length", sim.GenContextLength != 0, strconv.Itoa(sim.GenContextLength)},
-			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
-		} {
-			if f.set {
-				argv = append(argv, f.name, f.val)
-			}
-		}
+		argv = append(argv, sim.Args()...)
 		return append(argv, s.ExtraArgs...), nil
 	}
 	python := s.Python

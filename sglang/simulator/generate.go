@@ -29,12 +29,12 @@ const replyAlphabet = "abcdefghijklmnopqrstuvwxyz ."
 
 // GenConfig shapes the replies.
 type GenConfig struct {
-	ReplyTokens int // most content bytes of a reply (default 24)
-	EmptyEvery  int // about one reply in EmptyEvery is empty (0: none)
-	ThinkEvery  int // about one reply in ThinkEvery carries a think marker (0: none)
+	ReplyTokens int `mapstructure:"reply_tokens"` // most content bytes of a reply (default 24)
+	EmptyEvery  int `mapstructure:"empty_every"`  // about one reply in EmptyEvery is empty (0: none)
+	ThinkEvery  int `mapstructure:"think_every"`  // about one reply in ThinkEvery carries a think marker (0: none)
 	// ContextLength refuses a longer prompt with 400, as SGLang refuses one past the
 	// model's context (0: no bound).
-	ContextLength int
+	ContextLength int `mapstructure:"context_length"`
 }
 
 // replyHash is h of the contract above.
