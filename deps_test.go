@@ -67,7 +67,7 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator")}, false, "the simulator stands in for the server and knows no more than it"},
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
 		{m("checkpoint"), []string{m("orchestrator"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
-		{m("configs"), []string{m("orchestrator"), m("checkpoint"), m("shm")}, false, "every layer reads the config; it knows only the simulator's options, whose keys it serves"},
+		{m("configs"), []string{m("orchestrator"), m("checkpoint"), m("shm"), m("sglang")}, false, "every layer reads the config, so it reads none of them (the simulator embeds configs.Simulator, not the other way)"},
 		{m("shm"), []string{m("orchestrator"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
 		{m("internal/history"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "the history is records and a file: readable without the pipeline"},
 		{m("internal/report"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "drawing a report needs the history and the facts it is given, nothing else"},

@@ -94,7 +94,7 @@ func (c *Config) checkGenerate() []error {
 		}
 	}
 	s := c.Server.Simulator
-	if g := s.Gen; g.ReplyTokens < 0 || g.ReplyTokens > 1<<20 || g.EmptyEvery < 0 || g.ThinkEvery < 0 || g.ContextLength < 0 {
+	if s.ReplyTokens < 0 || s.ReplyTokens > 1<<20 || s.EmptyEvery < 0 || s.ThinkEvery < 0 || s.ContextLength < 0 {
 		bad("server.simulator.reply_tokens", "reply_tokens (0: 24), empty_every, think_every and context_length must not be negative")
 	}
 	return errs

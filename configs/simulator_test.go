@@ -6,13 +6,11 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/extract-dev/extract/sglang/simulator"
 )
 
-// The server.simulator keys are the simulator's own Options: each key a config file sets
-// lands in the option of that name, and the section holds exactly the keys it always had
-// (a renamed or dropped option would break configs written against the old name).
+// Each server.simulator key a config file sets lands in its Simulator field, which the
+// simulator reads as it is, and the section holds exactly the keys it always had (a
+// renamed or dropped option would break configs written against the old name).
 func TestEveryServerSimulatorKeyLandsInTheSimulatorsOptions(t *testing.T) {
 	path := writeConfig(t, minimal+`  simulator:
     tokens_per_second: 1500.5
@@ -36,12 +34,12 @@ func TestEveryServerSimulatorKeyLandsInTheSimulatorsOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := simulator.Options{
+	want := Simulator{
 		TokensPerSecond: 1500.5, HiddenSize: 48, StartupDelay: 2 * time.Second,
 		ExitAfter: 1, HangAfter: 2, Fail503Every: 3, CorruptEvery: 4,
 		LateDumpDelay: 5 * time.Second, DecodeDelay: 6 * time.Millisecond,
 		RequestLog: "/tmp/requests.log", CrashOnSamples: []int{7, 8},
-		Gen:        simulator.GenConfig{ReplyTokens: 9, EmptyEvery: 10, ThinkEvery: 11, ContextLength: 12},
+		ReplyTokens: 9, EmptyEvery: 10, ThinkEvery: 11, ContextLength: 12,
 		CrashOnRID: []string{"g000000013"},
 	}
 	if unset := zeroFields(reflect.ValueOf(want), ""); len(unset) > 0 {
@@ -71,7 +69,7 @@ func zeroFields(v reflect.Value, prefix string) []string {
 	var out []string
 	for i := 0; i < v.NumField(); i++ {
 		f, name := v.Field(i), prefix+v.Type().Field(i).Name
-		if f.Kind() == reflect.Struct && f.Type() != reflect.TypeOf(time.Duration(0)) {
+		if f.Kind() == reflect.Struct {
 			out = append(out, zeroFields(f, name+".")...)
 		} else if f.IsZero() {
 			out = append(out, name)

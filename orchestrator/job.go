@@ -172,7 +172,7 @@ func launchSpec(cfg *configs.Config, exe string) sglang.LaunchSpec {
 		ExtraArgs: s.ExtraArgs, Env: s.Env, Python: s.Python,
 		Layers: s.Layers, ShmDir: cfg.ShmDir,
 		HookDir:      filepath.Join(cfg.StateDir, sglang.HookDirName()),
-		Simulator:    sglang.SimulatorSpec{Executable: exe, NumLayers: s.NumLayers, Options: s.Simulator},
+		Simulator:    sglang.SimulatorSpec{Executable: exe, NumLayers: s.NumLayers, Simulator: s.Simulator},
 		Transformers: transformersSpec(cfg),
 	}
 }

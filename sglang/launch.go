@@ -13,7 +13,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/extract-dev/extract/sglang/simulator"
+	"github.com/extract-dev/extract/configs"
 )
 
 // Server kinds.
@@ -54,7 +54,7 @@ type LaunchSpec struct {
 type SimulatorSpec struct {
 	Executable string
 	NumLayers  int
-	simulator.Options
+	configs.Simulator
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -189,8 +189,32 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			"--host", s.Host, "--port", port, "--shm-dir", s.ShmDir, "--model", s.ModelPath,
 			"--tp-size", strconv.Itoa(s.TPSize), "--hidden-size", strconv.Itoa(sim.HiddenSize),
 			"--num-layers", strconv.Itoa(sim.NumLayers), "--layers", joinLayers(s.Layers),
+			"--tokens-per-second", strconv.FormatFloat(sim.TokensPerSecond, 'g', -1, 64),
+			"--startup-delay", sim.StartupDelay.String(),
 		}
-		argv = append(argv, sim.Args()...)
+		for _, f := range []struct {
+			name string
+			set  bool
+			val  string
+		}{
+			{"--exit-after", sim.ExitAfter != 0, strconv.Itoa(sim.ExitAfter)},
+			{"--hang-after", sim.HangAfter != 0, strconv.Itoa(sim.HangAfter)},
+			{"--fail-503-every", sim.Fail503Every != 0, strconv.Itoa(sim.Fail503Every)},
+			{"--corrupt-every", sim.CorruptEvery != 0, strconv.Itoa(sim.CorruptEvery)},
+			{"--late-dump-delay", sim.LateDumpDelay != 0, sim.LateDumpDelay.String()},
+			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
+			{"--request-log", sim.RequestLog != "", sim.RequestLog},
+			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
+			{"--gen-reply-tokens", sim.ReplyTokens != 0, strconv.Itoa(sim.ReplyTokens)},
+			{"--gen-empty-every", sim.EmptyEvery != 0, strconv.Itoa(sim.EmptyEvery)},
+			{"--gen-think-every", sim.ThinkEvery != 0, strconv.Itoa(sim.ThinkEvery)},
+			{"--gen-context-length", sim.ContextLength != 0, strconv.Itoa(sim.ContextLength)},
+			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
+		} {
+			if f.set {
+				argv = append(argv, f.name, f.val)
+			}
+		}
 		return append(argv, s.ExtraArgs...), nil
 	}
 	python := s.Python

@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
@@ -19,7 +20,7 @@ func simSpec() LaunchSpec {
 		Kind: KindSimulator, Host: "127.0.0.1", Port: 31000, ModelPath: "sim/model", TPSize: 8,
 		Layers: []int{2, 30, 58}, ShmDir: "/dev/shm/sglang_hs",
 		Simulator: SimulatorSpec{Executable: "/usr/local/bin/extract", NumLayers: 61,
-			Options: simulator.Options{TokensPerSecond: 1500, HiddenSize: 7168, StartupDelay: 2 * time.Second}},
+			Simulator: configs.Simulator{TokensPerSecond: 1500, HiddenSize: 7168, StartupDelay: 2 * time.Second}},
 	}
 }
 
@@ -141,15 +142,15 @@ func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
 // the command's own flags, into the same Options.
 func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
 	s := simSpec()
-	s.Simulator.Options = simulator.Options{
+	s.Simulator.Simulator = configs.Simulator{
 		TokensPerSecond: 1500.5, HiddenSize: 7168, StartupDelay: 2 * time.Second,
 		ExitAfter: 1, HangAfter: 2, Fail503Every: 3, CorruptEvery: 4,
 		LateDumpDelay: time.Second, DecodeDelay: 5 * time.Millisecond,
 		RequestLog: "/tmp/requests.log", CrashOnSamples: []int{6, 7},
-		Gen:        simulator.GenConfig{ReplyTokens: 8, EmptyEvery: 9, ThinkEvery: 10, ContextLength: 11},
+		ReplyTokens: 8, EmptyEvery: 9, ThinkEvery: 10, ContextLength: 11,
 		CrashOnRID: []string{"g000000012", "g000000013"},
 	}
-	if unset := zeroFields(reflect.ValueOf(s.Simulator.Options), ""); len(unset) > 0 {
+	if unset := zeroFields(reflect.ValueOf(s.Simulator.Simulator), ""); len(unset) > 0 {
 		t.Fatalf("the test leaves options %v unset: give each a value", unset)
 	}
 	argv, err := s.Argv()
@@ -163,7 +164,7 @@ func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := simulator.Config{Host: s.Host, Port: s.Port, ShmDir: s.ShmDir, Model: s.ModelPath, TPSize: s.TPSize,
-		NumLayers: 61, Layers: s.Layers, HookVersion: simulator.DefaultHookVersion, Options: s.Simulator.Options}
+		NumLayers: 61, Layers: s.Layers, HookVersion: simulator.DefaultHookVersion, Simulator: s.Simulator.Simulator}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parsed %+v\nwant   %+v", got, want)
 	}

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/extract-dev/extract/configs"
 )
 
 // ReadyMessage is what SGLang logs once it serves; operators and scripts grep for it.
@@ -27,7 +29,7 @@ const ReadyMessage = "The server is fired up and ready to roll!"
 const DefaultHookVersion = "sim-1"
 
 // Config describes one simulated server: where it listens and writes, the model it
-// claims to be, and the Options a job sets. Its flags (BindFlags) are what
+// claims to be, and the job's server.simulator options. Its flags (BindFlags) are what
 // sglang.LaunchSpec.Argv emits for server kind "simulator".
 type Config struct {
 	Host string
@@ -42,7 +44,7 @@ type Config struct {
 	// Layers is the effective layers_to_capture, three ids below NumLayers.
 	Layers      []int
 	HookVersion string
-	Options
+	configs.Simulator
 }
 
 // BindFlags registers one flag per field, with the names sglang.LaunchSpec.Argv uses.
@@ -52,10 +54,25 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.ShmDir, "shm-dir", "/dev/shm/sglang_hs", "directory the dumps are written to")
 	fs.StringVar(&c.Model, "model", "simulator", "model path to report")
 	fs.IntVar(&c.TPSize, "tp-size", 1, "tensor parallel size to report")
+	fs.IntVar(&c.HiddenSize, "hidden-size", 64, "hidden size H of every captured layer")
 	fs.IntVar(&c.NumLayers, "num-layers", 61, "model depth; the final hidden state is layer id num-layers")
 	fs.IntSliceVar(&c.Layers, "layers", []int{2, 30, 58}, "effective layers_to_capture (three ids)")
+	fs.Float64Var(&c.TokensPerSecond, "tokens-per-second", 0, "global prefill rate (0: unlimited)")
+	fs.DurationVar(&c.StartupDelay, "startup-delay", 0, "how long /health_generate answers 503 at start")
 	fs.StringVar(&c.HookVersion, "hook-version", DefaultHookVersion, "hook_version written to dump metadata")
-	c.Options.bindFlags(fs)
+	fs.IntVar(&c.ExitAfter, "exit-after", 0, "fault: exit with status 3 after N completed requests")
+	fs.IntVar(&c.HangAfter, "hang-after", 0, "fault: hang /generate and /health_generate after N completed requests")
+	fs.IntVar(&c.Fail503Every, "fail-503-every", 0, "fault: answer every Nth /generate with 503")
+	fs.IntVar(&c.CorruptEvery, "corrupt-every", 0, "fault: write every Nth dump with input_ids that differ from the request's")
+	fs.DurationVar(&c.LateDumpDelay, "late-dump-delay", 0, "fault: write each dump this long after answering")
+	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
+	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
+	fs.IntSliceVar(&c.CrashOnSamples, "crash-on-samples", nil, "fault: exit with status 3 when a request for one of these samples arrives")
+	fs.IntVar(&c.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
+	fs.IntVar(&c.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
+	fs.IntVar(&c.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
+	fs.IntVar(&c.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
+	fs.StringSliceVar(&c.CrashOnRID, "crash-on-rid", nil, "fault: exit with status 3 when a generation rid with this prefix arrives")
 }
 
 func (c *Config) normalize() error {
@@ -92,7 +109,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TPSize < 0 || c.Options.negative() {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.ReplyTokens < 0 || c.EmptyEvery < 0 || c.ThinkEvery < 0 || c.ContextLength < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {
