@@ -102,6 +102,8 @@ type Transformers struct {
 // width, its prefill rate, the faults tests inject and the shape of generated replies.
 // It is the options' one declaration: sglang.SimulatorSpec carries it to the launch,
 // whose argv the simulate command parses back into simulator.Config, which embeds it.
+// One field per server.simulator key (16): the keys are flat in config files, and
+// grouping them here would rename them.
 type Simulator struct {
 	// TokensPerSecond is one prefill rate shared by all requests, like one GPU queue;
 	// 0 runs as fast as it can.

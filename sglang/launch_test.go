@@ -139,7 +139,7 @@ func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
 }
 
 // Every option reaches the simulate command: the argv Argv writes parses back, through
-// the command's own flags, into the same Options.
+// the command's own flags, into the same configs.Simulator.
 func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
 	s := simSpec()
 	s.Simulator.Simulator = configs.Simulator{
