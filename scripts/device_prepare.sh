@@ -19,7 +19,7 @@
 #      tokenizer's vocabulary) to output.format specforge files, loaded by torch and, with
 #      SPECFORGE_SRC (default .specforge, a copy of ../shared/specforge-src carried along),
 #      SpecForge's own reader; the vocabulary file checked against SpecForge's function.
-#   --bench-only: step 1 and the bench alone.
+#   --bench-only: step 1 and the bench alone (BENCH_NAMES: which of "tags plain").
 #   --bench: prepare vs the anchor (HF's apply_chat_template with masks, one process per
 #      core) over the same 40000 conversations, both end to end, tags and prefix.
 # Prints one summary at the end (also $OUT/prepare-summary.txt); exit 0 only if every
@@ -126,7 +126,7 @@ fi # --bench-only
 
 if [ $BENCH = 1 ]; then
   python3 "$HELP" convs "$W/bench.jsonl" 40000 --seed 11
-  for name in tags plain; do
+  for name in ${BENCH_NAMES:-tags plain}; do
     sed "s#$W/convs.jsonl#$W/bench.jsonl#" "$W/$name.yaml" >"$W/bench-$name.yaml"
     t0=$(date +%s.%N)
     prof=(); [ -n "${OUT:-}" ] && prof=(env "EXTRACT_PROFILE_DIR=$OUT/profile-$name")

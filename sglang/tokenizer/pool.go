@@ -383,14 +383,22 @@ func (p *Pool) Close() error {
 }
 
 func (p *Pool) stopAll() {
+	// Every stdin first, then one shared wait: a worker with transformers loaded takes
+	// a second or more to exit, and one after the other that was 20 s of 16 workers
+	// (most of a 40,000-conversation prepare on the device, docs/dataset.md).
+	for _, pr := range p.procs {
+		if pr != nil {
+			_ = pr.stdin.Close()
+		}
+	}
+	deadline := time.Now().Add(exitGrace)
 	for _, pr := range p.procs {
 		if pr == nil {
 			continue
 		}
-		_ = pr.stdin.Close()
 		select {
 		case <-pr.done:
-		case <-timeAfter():
+		case <-time.After(time.Until(deadline)):
 			_ = pr.cmd.Process.Kill()
 			<-pr.done
 		}
@@ -444,5 +452,5 @@ func (t *tailBuffer) suffix() string {
 	return "; its stderr ends:\n" + string(s)
 }
 
-// timeAfter is how long a worker has to exit once its stdin is closed.
-func timeAfter() <-chan time.Time { return time.After(5 * time.Second) }
+// exitGrace is how long the workers have to exit once their stdin is closed.
+const exitGrace = 5 * time.Second

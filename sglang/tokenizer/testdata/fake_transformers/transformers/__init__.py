@@ -9,10 +9,16 @@ byte-level tokenizer described by <folder>/fake_tokenizer.json:
 Each UTF-8 byte b is token b+3 (the simulator's contract), a special token's text is its
 id, a merge joins two characters into one token wherever they meet (so a render cut
 between them tokenizes differently: what the token-prefix method must catch).
+FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does.
 """
 
+import atexit
 import json
 import os
+import time
+
+if os.environ.get("FAKE_EXIT_SECONDS"):
+    atexit.register(time.sleep, float(os.environ["FAKE_EXIT_SECONDS"]))
 
 
 class FakeTokenizer:
