@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -49,6 +50,9 @@ type RunOptions struct {
 	Log        *slog.Logger
 	// OnStatus, when set, is called with each status snapshot (about once a second).
 	OnStatus func(Status)
+	// newServer, when set, wraps each replica's Manager into the server the run drives:
+	// a test's in-process simulator instead of a child process.
+	newServer func(*sglang.Manager) serverProcess
 }
 
 // Result describes a finished run.
