@@ -50,9 +50,18 @@ type RunOptions struct {
 	Log        *slog.Logger
 	// OnStatus, when set, is called with each status snapshot (about once a second).
 	OnStatus func(Status)
-	// newServer, when set, wraps each replica's Manager into the server the run drives:
-	// a test's in-process simulator instead of a child process.
+	// seams replace parts of the run in in-process tests (run_inprocess_test.go); zero
+	// in production.
+	seams runSeams
+}
+
+// runSeams are what an in-process test of Run replaces.
+type runSeams struct {
+	// newServer wraps each replica's Manager into the server the run drives: the
+	// simulator in this process instead of a child.
 	newServer func(*sglang.Manager) serverProcess
+	// restartBackoff replaces restartBackoff, so a restart test need not wait a second.
+	restartBackoff func(n int) time.Duration
 }
 
 // Result describes a finished run.

@@ -122,16 +122,22 @@ type supervisor struct {
 	exits    chan serverExit
 	health   chan healthResult
 	ups      chan upResult // restarts that bringUp finished
+	backoff  func(n int) time.Duration
 }
 
 func newSupervisor(cfg *configs.Config, opt RunOptions) *supervisor {
+	backoff := restartBackoff
+	if opt.seams.restartBackoff != nil {
+		backoff = opt.seams.restartBackoff
+	}
 	return &supervisor{
 		cfg: cfg, log: opt.Log,
-		replicas: newReplicas(cfg, opt.Executable, opt.Log, opt.newServer),
+		replicas: newReplicas(cfg, opt.Executable, opt.Log, opt.seams.newServer),
 		poison:   poison{isolateAfter: max(cfg.Server.IsolateAfterDeaths, 1)},
 		exits:    make(chan serverExit),
 		health:   make(chan healthResult, cfg.Server.Replicas),
 		ups:      make(chan upResult),
+		backoff:  backoff,
 	}
 }
 
@@ -486,7 +492,7 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 	rep.status.State = "restarting"
 	j.metrics.restarts.WithLabelValues(rep.metricLabel()).Inc()
 	j.publish()
-	backoff := restartBackoff(n)
+	backoff := j.sup.backoff(n)
 	j.workers.start(fmt.Sprintf("replica %d restart", rep.n), func(ctx context.Context) error {
 		if hung {
 			if err := killHung(ctx, rep); err != nil {
