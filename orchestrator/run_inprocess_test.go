@@ -307,8 +307,8 @@ func TestRunInProcessRestartsADeadReplicaAndResendsWhatItHeld(t *testing.T) {
 	var last Status
 	r.opt.OnStatus = func(st Status) { last = st }
 	// The server dies once it got 8 requests, with the window's requests open at it. A
-// request that fails before the death is seen is retried after its 1 s backoff: this
-// test takes over a second.
+	// request that fails before the death is seen is retried after its 1 s backoff: this
+	// test takes over a second.
 	killed := make(chan bool, 1)
 	go func() {
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
