@@ -27,9 +27,10 @@ import (
 // keeps its state in its own value: admission (what to send, deciding over the request
 // window), ledger (where every sample stands), route (what to do with a dump), movers
 // (the dumps on their way to the output disk), sup (the replicas, their restarts and
-// the poison rule). Its own fields are what ties them together: the flights, the
-// budgets measured, and the run's I/O (index, lock, status, history); more than ~15,
-// because the run's outputs (status, metrics, history, rejects) are one concern each.
+// the poison rule), runOutputs (what people see). More than ~15 fields, because what
+// is left is what ties those together and no one of them owns: the job's inputs, the
+// flights and the counts of the window, the budgets measured, and the channels and
+// goroutines of the run.
 type job struct {
 	cfg  *configs.Config
 	opt  RunOptions
