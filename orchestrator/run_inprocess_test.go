@@ -228,7 +228,7 @@ func (r *inProcessRun) checkAllDone(t *testing.T, total int) {
 
 func TestRunInProcessKeepsTheServersWithinTheRequestWindowAndFinishes(t *testing.T) {
 	r := newInProcessRun(t, 40, 16)
-	r.cfg.Server.Simulator.DecodeDelay = 2 * time.Millisecond // answers come after the dumps
+	r.cfg.Server.Simulator.TokensPerSecond = 8000 // 2 ms a sample: the window's requests queue at the server
 	res := r.run(t, context.Background())
 	if res.Outcome != Finished || res.Done != 40 {
 		t.Fatalf("outcome %v with %d done, want Finished with 40", res.Outcome, res.Done)
@@ -303,7 +303,9 @@ func TestRunInProcessPausesOnTheStagingBudgetAndResumesWhenRoomReturns(t *testin
 
 func TestRunInProcessRestartsADeadReplicaAndResendsWhatItHeld(t *testing.T) {
 	r := newInProcessRun(t, 30, 16)
-	r.cfg.Server.Simulator.TokensPerSecond = 8000 // 2 ms a sample: the window's requests queue at the server
+	// 20 ms a sample: the window's last requests are still in their prefill, with no dump,
+	// when the server dies within a millisecond of the 8th.
+	r.cfg.Server.Simulator.TokensPerSecond = 800
 	var last Status
 	r.opt.OnStatus = func(st Status) { last = st }
 	// The server dies once it got 8 requests, with the window's requests open at it. A
@@ -313,7 +315,10 @@ func TestRunInProcessRestartsADeadReplicaAndResendsWhatItHeld(t *testing.T) {
 	go func() {
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 			if b, err := os.ReadFile(r.cfg.Server.Simulator.RequestLog); err == nil && strings.Count(string(b), "\n") >= 8 {
-				r.servers[0].die()
+				r.mu.Lock()
+				server := r.servers[0]
+				r.mu.Unlock()
+				server.die()
 				killed <- true
 				return
 			}
@@ -336,29 +341,35 @@ func TestRunInProcessRestartsADeadReplicaAndResendsWhatItHeld(t *testing.T) {
 	r.checkAllDone(t, 30)
 }
 
+// A stop (ctx cancelled) sends nothing new and lets every request in flight finish
+// into a done sample, so the resume sends each of the rest once and none twice.
 func TestRunInProcessDrainsOnStopAndAResumeFinishesTheRest(t *testing.T) {
-	r := newInProcessRun(t, 200, 16)
-	r.cfg.Server.Simulator.DecodeDelay = 5 * time.Millisecond
+	r := newInProcessRun(t, 100, 16)
+	r.cfg.Server.Simulator.TokensPerSecond = 8000 // 2 ms a sample
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	inflightAtStop := -1
-	r.opt.OnStatus = func(st Status) {
-		if inflightAtStop < 0 && st.Done >= 10 {
-			inflightAtStop = st.Inflight
-			cancel()
+	go func() {
+		defer cancel()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if b, err := os.ReadFile(r.cfg.Server.Simulator.RequestLog); err == nil && strings.Count(string(b), "\n") >= 20 {
+				return
+			}
 		}
-	}
+	}()
 	res := r.run(t, ctx)
-	if res.Outcome != Stopped || res.Done >= 200 {
-		t.Fatalf("outcome %v with %d done; want Stopped short of 200", res.Outcome, res.Done)
+	if res.Outcome != Stopped || res.Done >= 100 {
+		t.Fatalf("outcome %v with %d done; want Stopped short of 100", res.Outcome, res.Done)
 	}
-	if inflightAtStop <= 0 {
-		t.Errorf("%d in flight at the stop: nothing to drain", inflightAtStop)
+	if requests, _ := r.maxOpen(t); requests != res.Done || requests < 20 {
+		t.Errorf("the stopped run sent %d requests and got %d samples done; want every request (at least 20) drained into a done sample", requests, res.Done)
 	}
-	r.opt.OnStatus, r.opt.Resume = nil, true
+	r.opt.Resume = true
 	res = r.run(t, context.Background())
-	if res.Outcome != Finished || res.Done != 200 {
-		t.Fatalf("resume: outcome %v with %d done; want Finished with 200", res.Outcome, res.Done)
+	if res.Outcome != Finished || res.Done != 100 {
+		t.Fatalf("resume: outcome %v with %d done; want Finished with 100", res.Outcome, res.Done)
 	}
-	r.checkAllDone(t, 200)
+	if requests, _ := r.maxOpen(t); requests != 100 {
+		t.Errorf("%d requests in both runs for 100 samples; want each sent once", requests)
+	}
+	r.checkAllDone(t, 100)
 }
