@@ -164,9 +164,10 @@ func newReplicas(cfg *configs.Config, exe string, log *slog.Logger, newServer fu
 			// CUDA_VISIBLE_DEVICES), as before replicas existed.
 			spec.GPUs = cfg.ReplicaGPUs(r)
 		}
-		var mgr serverProcess = &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r}
+		m := &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r}
+		var mgr serverProcess = m
 		if newServer != nil {
-			mgr = newServer(mgr.(*sglang.Manager))
+			mgr = newServer(m)
 		}
 		rep := &replica{
 			n:        r,
