@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -16,10 +17,6 @@ type admission struct {
 	retries  []retry     // samples to send again, by due time
 	failures map[int]int // failed attempts per sample in this run
 	paused   []string    // why the last round stopped short, for status
-	// deaths counts the server deaths (and hangs) each sample was in flight at, in this
-	// run; alone holds the samples sent alone since (the poison rule: died).
-	deaths map[int]int
-	alone  map[int]bool
 }
 
 type retry struct {
@@ -76,26 +73,140 @@ func (a *admission) fail(sample, maxAttempts int, now time.Time) (final bool, at
 	return false, n
 }
 
-// died counts a server death or hang with sample in flight: not the sample's fault as a
-// rule (a death requeues without spending an attempt), but a prompt that kills the server
-// would otherwise be retried forever. After isolateAfter deaths the sample is sent alone;
-// the next death with it alone is its failure, which died reports.
-func (a *admission) died(sample, isolateAfter int, wasAlone bool) (fail bool) {
-	if wasAlone {
-		return true
+// empty says nothing is left to send.
+func (a *admission) empty() bool { return len(a.queue) == 0 && len(a.retries) == 0 }
+
+// backlogPerWindow bounds the dumps waiting to be moved at this many request windows.
+// Staging absorbs the disk's hiccups; a backlog beyond that means the disk is the limit,
+// and a longer one would only grow the coordinator's work per event, not the throughput.
+const backlogPerWindow = 8
+
+// window is what admission decides from, as the coordinator counts it at one moment:
+// the request window, the backlog of dumps to move, the budgets and the replicas. It is
+// a value; decide does no I/O.
+type window struct {
+	maxInflight int
+	// requestsOpen counts every request still open at a server (its dump may have come
+	// and even landed: SGLang dumps at the end of the prefill and answers after
+	// decoding); answered, the answered ones whose dump has not arrived. Both hold the
+	// window.
+	requestsOpen, answered int
+	// moving counts the dumps handed to movers or queued for them: they hold staging,
+	// not the window (the servers must not wait on our fsyncs), up to a backlog.
+	moving int
+	// flights is how many samples are in flight at any stage; reserved, the bytes they
+	// hold against the budgets until their move lands.
+	flights  int
+	reserved int64
+	// storeFailing says why storing dumps fails, "" while it works.
+	storeFailing string
+	budgets      budgets
+	replicas     []replicaView
+	poison       *poison
+	// cost is a sample's load on a replica (tokens) and its reservation (bytes).
+	cost func(sample int) (tokens, bytes int64)
+}
+
+// replicaView is what admission knows of a replica.
+type replicaView struct {
+	ready     bool
+	load      int64 // tokens sent to it whose dump has not arrived
+	busy      bool  // a request open at it
+	exclusive bool  // it runs a sample alone (the poison rule)
+}
+
+// send is one admitted sample and the replica it goes to.
+type send struct {
+	sample, replica int
+	alone           bool
+}
+
+// decide takes from a the samples to send now, each to its replica, and says why it
+// stopped short (invariant 5): storing failing, the backlog of dumps to move, no replica
+// ready or idle for a sample sent alone, a budget. A full window is no pause: the
+// next answer frees a slot. skip says which queued samples need no request (in
+// flight, done).
+func (a *admission) decide(w window, now time.Time, skip func(int) bool) (batch []send, paused []string) {
+	if w.storeFailing != "" {
+		// Storing is failing (a full disk behind our back, an I/O error): admitting more
+		// would only pile dumps up in staging.
+		return nil, []string{"cannot store dumps: " + w.storeFailing}
 	}
-	if a.deaths == nil {
-		a.deaths, a.alone = map[int]int{}, map[int]bool{}
+	if w.requestsOpen >= w.maxInflight {
+		return nil, nil // the window is full whatever the flights say
 	}
-	a.deaths[sample]++
-	if a.deaths[sample] >= isolateAfter {
-		a.alone[sample] = true
+	if limit := backlogPerWindow * w.maxInflight; w.moving >= limit {
+		return nil, []string{fmt.Sprintf("output disk behind: %d dumps wait to be moved (at most %d × run.max_inflight)", w.moving, backlogPerWindow)}
+	}
+	reps := slices.Clone(w.replicas)
+	reserved, awaiting := w.reserved, w.requestsOpen+w.answered
+	for awaiting+len(batch) < w.maxInflight {
+		s, fromRetry := a.next(now, skip)
+		if s < 0 {
+			break
+		}
+		// Each sample goes to the ready replica with the fewest tokens in flight; one to
+		// be sent alone waits for a replica with no request open, and has it to itself
+		// until answered.
+		alone := w.poison.isAlone(s)
+		target := leastLoaded(reps)
+		if alone {
+			target = idleReplica(reps)
+		}
+		if target < 0 {
+			if !anyReady(reps) {
+				paused = append(paused, "no server ready: every replica is restarting")
+			} else {
+				paused = append(paused, fmt.Sprintf("isolating a sample: sample %d, or one sent before it, was in flight at %d server deaths and goes alone to a replica with nothing else in flight", s, w.poison.deathsOf(s)))
+			}
+			break
+		}
+		tokens, want := w.cost(s)
+		if reason := w.budgets.blocked(reserved, want, w.flights+len(batch) == 0); reason != "" {
+			paused = append(paused, reason)
+			break
+		}
+		a.take(fromRetry)
+		reps[target].busy = true
+		reps[target].exclusive = reps[target].exclusive || alone
+		reps[target].load += tokens
+		reserved += want
+		batch = append(batch, send{sample: s, replica: target, alone: alone})
+	}
+	return batch, paused
+}
+
+// leastLoaded is the ready replica with the fewest tokens in flight (the lowest number
+// on a tie), skipping those that run a sample alone, or -1 when none is left.
+func leastLoaded(reps []replicaView) int {
+	best := -1
+	for n, r := range reps {
+		if r.ready && !r.exclusive && (best < 0 || r.load < reps[best].load) {
+			best = n
+		}
+	}
+	return best
+}
+
+// idleReplica is the lowest-numbered ready replica with no request open, for a sample
+// to be sent alone; -1 when every ready replica has work.
+func idleReplica(reps []replicaView) int {
+	for n, r := range reps {
+		if r.ready && !r.busy {
+			return n
+		}
+	}
+	return -1
+}
+
+func anyReady(reps []replicaView) bool {
+	for _, r := range reps {
+		if r.ready {
+			return true
+		}
 	}
 	return false
 }
-
-// empty says nothing is left to send.
-func (a *admission) empty() bool { return len(a.queue) == 0 && len(a.retries) == 0 }
 
 // budgets are the limits admission checks a sample against (invariant 5).
 type budgets struct {

@@ -24,60 +24,53 @@ import (
 
 // job is one run. Its fields are owned by the coordinator goroutine (loop); senders,
 // movers, the watcher and the probes talk to it only through channels. Each concern
-// keeps its state in its own value: admission (what to send), ledger (where every
-// sample stands), route (what to do with a dump), replica (one server each, with its
-// restart budget).
+// keeps its state in its own value: admission (what to send, deciding over the request
+// window), ledger (where every sample stands), route (what to do with a dump), movers
+// (the dumps on their way to the output disk), sup (the replicas, their restarts and
+// the poison rule), runOutputs (what people see). More than ~15 fields, because what
+// is left is what ties those together and no one of them owns: the job's inputs, the
+// flights and the counts of the window, the budgets measured, and the channels and
+// goroutines of the run.
 type job struct {
-	cfg   *configs.Config
-	opt   RunOptions
-	log   *slog.Logger
-	ds    *Dataset
-	ix    *checkpoint.Index
-	lock  *Lock
-	mover *checkpoint.Mover
-	// replicas are the job's servers (server.replicas), fed by the one admission loop.
-	replicas []*replica
+	cfg  *configs.Config
+	opt  RunOptions
+	log  *slog.Logger
+	ds   *Dataset
+	ix   *checkpoint.Index
+	lock *Lock
 
 	ledger    ledger
 	admission admission
 	budgets   budgets
+	movers    *movers
+	sup       *supervisor
 	inflight  map[int]*flight
 	// requestsOpen counts the senders whose result the coordinator has not settled: the
 	// requests open at the servers, whatever became of their flight.
 	requestsOpen int
-	moving       map[string]bool // dump paths handed to a mover, or waiting to be
-	moveQueue    []moveJob       // routed dumps waiting for a free mover; the coordinator never blocks on movers
-	stores       []storeRetry    // dumps whose store failed, tried again when due
-	// storeFailing says why storing dumps fails (full disk, I/O error), "" while it works.
-	storeFailing string
-	storeErrors  int // consecutive failures to store a dump
-
-	rejected map[string]int64
-	adopted  int64 // leftover dumps of a crashed run moved instead of recomputed
-	draining bool
-	sentAny  bool
-	started  time.Time
-	indexIno uint64
 	// attemptBase is the index's attempt base: every new attempt is above it.
 	attemptBase int
+	draining    bool
 
 	workers    workers
 	dumps      chan shm.Dump
 	sent       chan sendResult
-	moved      chan moveResult
-	moveJobs   chan moveJob
-	copySlots  chan struct{} // one per run.movers: the copies under way
-	movers     atomic.Int32  // movers still running
-	moversDone chan struct{} // closed by the last mover to exit
-	health     chan healthResult
-	exits      chan serverExit
-	ups        chan upResult // restarts that bringUp finished
 	quarantine *quarantine
-
-	rates rateTracker
 	// watchers watch every staging dir: each replica's, and those of earlier runs with
 	// another number of replicas.
 	watchers []*shm.Watcher
+	started  time.Time
+	indexIno uint64 // the index file's inode, to see it replaced
+	runOutputs
+}
+
+// runOutputs is what the run shows of itself to people: status, metrics, history, and
+// the counts only they read.
+type runOutputs struct {
+	rejected map[string]int64
+	adopted  int64 // leftover dumps of a crashed run moved instead of recomputed
+	sentAny  bool
+	rates    rateTracker
 	gpus     atomic.Pointer[[]GPUStatus] // written by sampleGPUs
 	metrics  *metrics
 	status   *statusServer
@@ -124,26 +117,18 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 	}
 	j := &job{
 		cfg: cfg, opt: opt, log: opt.Log, ds: ds, ix: ix, lock: lock,
-		mover:       &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
 		ledger:      newLedger(prog, c),
 		admission:   admission{failures: map[int]int{}},
+		movers:      newMovers(cfg, ds, ix, opt.Log),
+		sup:         newSupervisor(cfg, opt),
 		inflight:    map[int]*flight{},
-		moving:      map[string]bool{},
-		rejected:    map[string]int64{},
-		metrics:     newMetrics(),
 		dumps:       make(chan shm.Dump, 64),
 		sent:        make(chan sendResult, cfg.Run.MaxInflight),
-		moved:       make(chan moveResult, moverGoroutines(cfg)),
-		copySlots:   make(chan struct{}, cfg.Run.Movers),
-		moveJobs:    make(chan moveJob),
-		moversDone:  make(chan struct{}),
-		health:      make(chan healthResult, cfg.Server.Replicas),
-		exits:       make(chan serverExit),
-		ups:         make(chan upResult),
 		quarantine:  newQuarantine(cfg.StagingDirs(), cfg.StateDir, opt.Log),
 		started:     started,
 		indexIno:    st.Sys().(*syscall.Stat_t).Ino,
 		attemptBase: base,
+		runOutputs:  runOutputs{rejected: map[string]int64{}, metrics: newMetrics()},
 	}
 	// A shard admits only its own range; the ledger counts it as the shard's total.
 	span := spanOf(cfg, ds.Len())
@@ -153,8 +138,7 @@ func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Ind
 			j.admission.queue = append(j.admission.queue, i)
 		}
 	}
-	j.replicas = newReplicas(cfg, opt.Executable, j.log)
-	for _, rep := range j.replicas {
+	for _, rep := range j.sup.replicas {
 		// Every replica's series exists from the start, at 0: a scrape can tell "no
 		// restarts" from "no such replica".
 		j.metrics.restarts.WithLabelValues(rep.metricLabel())
@@ -240,10 +224,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	j.workers = workers{ctx: work, cancel: stopWork, failed: make(chan error, 1)}
 	defer j.workers.stop()
-	j.movers.Store(int32(moverGoroutines(j.cfg)))
-	for range moverGoroutines(j.cfg) {
-		j.workers.start("mover", j.moverLoop)
-	}
+	j.movers.start(&j.workers)
 	// Leftovers are routed before anything is admitted: admission would start new
 	// attempts of exactly these samples and make their complete dumps stale (invariant 6).
 	for _, d := range leftovers {
@@ -259,8 +240,8 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 
-	for _, rep := range j.replicas {
-		j.workers.start(fmt.Sprintf("replica %d health probe", rep.n), func(ctx context.Context) error { return j.probeHealth(ctx, rep) })
+	for _, rep := range j.sup.replicas {
+		j.workers.start(fmt.Sprintf("replica %d health probe", rep.n), func(ctx context.Context) error { return j.sup.probeHealth(ctx, rep) })
 	}
 	if j.cfg.Server.Kind == sglang.KindSGLang {
 		j.workers.start("gpu sampler", func(ctx context.Context) error {
@@ -269,7 +250,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		})
 	}
 	loopErr := j.loop(ctx)
-	j.finishMoves()
+	j.movers.finish(j.settleMoved)
 	j.workers.stop()
 	j.countWatcherFindings()
 	j.publish()
@@ -330,18 +311,12 @@ func (j *job) loop(ctx context.Context) error {
 			return nil
 		}
 		if !j.draining {
-			if err := j.admit(); err != nil {
-				return err
-			}
+			j.admit()
 		}
 		if len(j.inflight) == 0 && j.admission.empty() {
 			return nil
 		}
-		var sendMove chan<- moveJob
-		var nextMove moveJob
-		if len(j.moveQueue) > 0 {
-			sendMove, nextMove = j.moveJobs, j.moveQueue[0]
-		}
+		sendMove, nextMove := j.movers.next()
 		select {
 		case <-stop:
 			stop = nil
@@ -356,26 +331,26 @@ func (j *job) loop(ctx context.Context) error {
 			}
 			return fmt.Errorf("%w: %v", ErrTemporary, err)
 		case sendMove <- nextMove:
-			j.moveQueue = j.moveQueue[1:]
+			j.movers.handed()
 		case d := <-j.dumps:
 			j.onDump(d)
 		case r := <-j.sent:
 			if err := j.onSent(r); err != nil {
 				return err
 			}
-		case r := <-j.moved:
+		case r := <-j.movers.moved:
 			if err := j.onMoved(r); err != nil {
 				return err
 			}
-		case e := <-j.exits:
+		case e := <-j.sup.exits:
 			if err := j.onServerExit(ctx, e); err != nil {
 				return err
 			}
-		case h := <-j.health:
+		case h := <-j.sup.health:
 			if err := j.onHealth(ctx, h); err != nil {
 				return err
 			}
-		case up := <-j.ups:
+		case up := <-j.sup.ups:
 			if err := j.onUp(up); err != nil {
 				return err
 			}
@@ -387,7 +362,7 @@ func (j *job) loop(ctx context.Context) error {
 				j.log.Warn("measure disk usage", "err", err)
 			}
 			j.checkTimeouts()
-			j.retryStores()
+			j.movers.retryStores(time.Now())
 			j.countWatcherFindings()
 			j.publish()
 			j.recordHistory()
@@ -395,7 +370,7 @@ func (j *job) loop(ctx context.Context) error {
 				lastLog = time.Now()
 				j.logProgress()
 				j.writeProgress()
-				for _, rep := range j.replicas {
+				for _, rep := range j.sup.replicas {
 					if err := rep.mgr.TrimLog(int64(j.cfg.Server.LogMaxSize)); err != nil {
 						j.log.Warn("trim server log", "replica", rep.n, "err", err)
 					}
@@ -424,7 +399,7 @@ func (j *job) stateLost() string {
 // onDump routes a dump: the current attempt of an unfinished sample goes to a mover;
 // anything else is rejected (invariant 4).
 func (j *job) onDump(d shm.Dump) {
-	v, why := route(d, &j.ledger, j.moving[d.Path])
+	v, why := route(d, &j.ledger, j.movers.moving[d.Path])
 	switch v {
 	case alreadyOn:
 		return
@@ -457,6 +432,5 @@ func (j *job) onDump(d shm.Dump) {
 		return
 	}
 	f.moving = true
-	j.moving[d.Path] = true
-	j.moveQueue = append(j.moveQueue, moveJob{dump: d, expected: f.expected})
+	j.movers.add(d, f.expected)
 }

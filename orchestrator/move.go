@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,38 +46,132 @@ const commitsBeyondCopies = 32
 // the rest waiting on the disk.
 func moverGoroutines(cfg *configs.Config) int { return cfg.Run.Movers + commitsBeyondCopies }
 
-// moverLoop moves dumps and commits them: file durable, then index, then the staging
-// file removed (invariant 1).
-func (j *job) moverLoop(ctx context.Context) error {
+// movers move dumps to the output disk and commit them (invariant 1): run.movers copy
+// at once, commitsBeyondCopies more wait on the disk. The coordinator owns the queue,
+// what is being moved and the store retries, and hands the movers one dump at a time
+// (next, handed); their results come back on moved for the coordinator to settle.
+type movers struct {
+	// what a move needs: read-only once the run starts
+	mover *checkpoint.Mover
+	ds    *Dataset
+	ix    *checkpoint.Index
+	cfg   *configs.Config
+	log   *slog.Logger
+
+	// the coordinator's
+	moving map[string]bool // dump paths handed to a mover, or waiting to be
+	queue  []moveJob       // routed dumps waiting for a free mover; the coordinator never blocks on movers
+	stores []storeRetry    // dumps whose store failed, tried again when due
+	// storeFailing says why storing dumps fails (full disk, I/O error), "" while it works.
+	storeFailing string
+	storeErrors  int // consecutive failures to store a dump
+
+	jobs      chan moveJob
+	moved     chan moveResult
+	copySlots chan struct{} // one per run.movers: the copies under way
+	running   atomic.Int32  // movers still running
+	done      chan struct{} // closed by the last mover to exit
+}
+
+func newMovers(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index, log *slog.Logger) *movers {
+	return &movers{
+		mover: &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
+		ds:    ds, ix: ix, cfg: cfg, log: log,
+		moving:    map[string]bool{},
+		jobs:      make(chan moveJob),
+		moved:     make(chan moveResult, moverGoroutines(cfg)),
+		copySlots: make(chan struct{}, cfg.Run.Movers),
+		done:      make(chan struct{}),
+	}
+}
+
+// start starts the mover goroutines in w.
+func (m *movers) start(w *workers) {
+	m.running.Store(int32(moverGoroutines(m.cfg)))
+	for range moverGoroutines(m.cfg) {
+		w.start("mover", m.loop)
+	}
+}
+
+// add queues dump d, which reserves expected bytes, for a mover.
+func (m *movers) add(d shm.Dump, expected int64) {
+	m.moving[d.Path] = true
+	m.queue = append(m.queue, moveJob{dump: d, expected: expected})
+}
+
+// next is the channel and dump to offer the movers in the coordinator's select: a nil
+// channel when nothing waits. handed takes it off the queue once a mover took it.
+func (m *movers) next() (chan<- moveJob, moveJob) {
+	if len(m.queue) == 0 {
+		return nil, moveJob{}
+	}
+	return m.jobs, m.queue[0]
+}
+
+func (m *movers) handed() { m.queue = m.queue[1:] }
+
+// landed settles a move that stored its dump: storing works.
+func (m *movers) landed(path string) {
+	delete(m.moving, path)
+	m.storeErrors, m.storeFailing = 0, ""
+}
+
+// storeFailed keeps a good dump that could not be stored for another try after
+// storeRetryDelay, with failing as the reason admission pauses, and says how many
+// stores failed in a row.
+func (m *movers) storeFailed(mj moveJob, failing string, now time.Time) int {
+	m.storeErrors++
+	m.storeFailing = failing
+	m.moving[mj.dump.Path] = true
+	m.stores = append(m.stores, storeRetry{job: mj, due: now.Add(storeRetryDelay)})
+	return m.storeErrors
+}
+
+// retryStores queues the dumps whose store failed once their wait is over.
+func (m *movers) retryStores(now time.Time) {
+	kept := m.stores[:0]
+	for _, s := range m.stores {
+		if s.due.After(now) {
+			kept = append(kept, s)
+			continue
+		}
+		m.queue = append(m.queue, s.job)
+	}
+	m.stores = kept
+}
+
+// loop moves dumps and commits them: file durable, then index, then the staging file
+// removed (invariant 1).
+func (m *movers) loop(ctx context.Context) error {
 	defer func() {
-		if j.movers.Add(-1) == 0 {
-			close(j.moversDone)
+		if m.running.Add(-1) == 0 {
+			close(m.done)
 		}
 	}()
 	for {
 		// A mover takes a dump only with a copy slot in hand: dumps it cannot start stay
 		// queued with the coordinator, which leaves them in staging when the run stops.
 		select {
-		case j.copySlots <- struct{}{}:
+		case m.copySlots <- struct{}{}:
 		case <-ctx.Done():
 			return nil
 		}
 		var mj moveJob
 		select {
 		case <-ctx.Done():
-			<-j.copySlots
-			return nil // an early end of the run: moveJobs is never closed
-		case next, ok := <-j.moveJobs:
+			<-m.copySlots
+			return nil // an early end of the run: jobs is never closed
+		case next, ok := <-m.jobs:
 			if !ok {
-				<-j.copySlots
+				<-m.copySlots
 				return nil
 			}
 			mj = next
 		}
 		start := time.Now()
-		moved, err := j.moveOne(ctx, mj.dump)
+		moved, err := m.moveOne(ctx, mj.dump)
 		select {
-		case j.moved <- moveResult{dump: mj.dump, moved: moved, took: time.Since(start), err: err}:
+		case m.moved <- moveResult{dump: mj.dump, moved: moved, took: time.Since(start), err: err}:
 		case <-ctx.Done():
 		}
 	}
@@ -91,19 +187,19 @@ func (e *indexError) Unwrap() error { return e.err }
 // moveOne moves d holding a copy slot, which it gives back once the copy is written:
 // the fsyncs and the index commit that follow wait on the disk, not the CPU, and overlap
 // with the next copies.
-func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error) {
+func (m *movers) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error) {
 	slot := true
 	release := func() {
 		if slot {
 			slot = false
-			<-j.copySlots
+			<-m.copySlots
 		}
 	}
 	defer release()
 	if ctx.Err() != nil {
 		return checkpoint.Moved{}, ctx.Err()
 	}
-	s, err := j.ds.Sample(d.RID.Sample)
+	s, err := m.ds.Sample(d.RID.Sample)
 	if err != nil {
 		return checkpoint.Moved{}, err
 	}
@@ -112,10 +208,10 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 		return checkpoint.Moved{}, err
 	}
 	defer func() { _ = src.Close() }()
-	staged, err := j.mover.Stage(ctx, src, d.Path, checkpoint.Expect{
+	staged, err := m.mover.Stage(ctx, src, d.Path, checkpoint.Expect{
 		Sample: s.Index, RID: d.RID.String(), InputIDs: s.InputIDs, LossMask: s.LossMask,
-		DatasetFingerprint: j.ds.Fingerprint, ConfigFingerprint: j.cfg.Fingerprint(),
-		HiddenSize: j.cfg.HiddenSize(), Layers: j.cfg.LayersString(), Model: j.cfg.ServedModel(),
+		DatasetFingerprint: m.ds.Fingerprint, ConfigFingerprint: m.cfg.Fingerprint(),
+		HiddenSize: m.cfg.HiddenSize(), Layers: m.cfg.LayersString(), Model: m.cfg.ServedModel(),
 		SourceID: s.SourceID,
 	})
 	release()
@@ -126,7 +222,7 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 	if err != nil {
 		return moved, err
 	}
-	err = j.ix.CommitDone(checkpoint.Record{
+	err = m.ix.CommitDone(checkpoint.Record{
 		Sample: s.Index, State: checkpoint.StateDone, Attempt: d.RID.Attempt, RID: d.RID.String(),
 		Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(),
 	})
@@ -134,24 +230,24 @@ func (j *job) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, error)
 		return moved, &indexError{fmt.Errorf("index sample %d: %w", s.Index, err)}
 	}
 	if err := os.Remove(d.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		j.log.Warn("remove moved dump", "file", d.Path, "err", err)
+		m.log.Warn("remove moved dump", "file", d.Path, "err", err)
 	}
 	return moved, nil
 }
 
-// finishMoves lets the moves under way finish (each saves a resend) and settles their
-// results; queued ones stay in staging for the next run to adopt.
-func (j *job) finishMoves() {
-	close(j.moveJobs)
+// finish lets the moves under way finish (each saves a resend) and hands their results
+// to settle; queued ones stay in staging for the next run to adopt.
+func (m *movers) finish(settle func(moveResult)) {
+	close(m.jobs)
 	for {
 		select {
-		case r := <-j.moved:
-			j.settleMoved(r)
-		case <-j.moversDone:
+		case r := <-m.moved:
+			settle(r)
+		case <-m.done:
 			for {
 				select {
-				case r := <-j.moved:
-					j.settleMoved(r)
+				case r := <-m.moved:
+					settle(r)
 				default:
 					return
 				}
@@ -174,8 +270,7 @@ func (j *job) onMoved(r moveResult) error {
 	var dumpErr *checkpoint.DumpError
 	switch {
 	case r.err == nil:
-		delete(j.moving, r.dump.Path)
-		j.storeErrors, j.storeFailing = 0, ""
+		j.movers.landed(r.dump.Path)
 		if !j.ledger.done(s) {
 			j.ledger.set(s, checkpoint.StateDone, r.moved.Bytes, r.moved.Tokens)
 			// Charge what was reserved (block rounding included) until the next measurement.
@@ -188,9 +283,9 @@ func (j *job) onMoved(r moveResult) error {
 		delete(j.inflight, s)
 		j.metrics.moveSeconds.Observe(r.took.Seconds())
 		if f != nil && f.replica >= 0 {
-			j.replicas[f.replica].status.Done++
-			j.metrics.serverDone.WithLabelValues(j.replicas[f.replica].metricLabel()).Inc()
-			if rep := j.replicas[f.replica]; r.moved.HookVersion != rep.status.HookVersion {
+			j.sup.replicas[f.replica].status.Done++
+			j.metrics.serverDone.WithLabelValues(j.sup.replicas[f.replica].metricLabel()).Inc()
+			if rep := j.sup.replicas[f.replica]; r.moved.HookVersion != rep.status.HookVersion {
 				j.log.Info("server dump hook", "replica", rep.n, "hook_version", r.moved.HookVersion, "protocol", r.moved.Protocol, "layers", r.moved.Layers)
 				rep.status.HookVersion = r.moved.HookVersion
 			}
@@ -201,7 +296,7 @@ func (j *job) onMoved(r moveResult) error {
 	case errors.Is(r.err, context.Canceled):
 		return nil // stopping; the dump stays in staging for the next run
 	}
-	delete(j.moving, r.dump.Path)
+	delete(j.movers.moving, r.dump.Path)
 	if f != nil {
 		f.moving = false
 	}
@@ -254,38 +349,21 @@ func (j *job) failBlocked(r moveResult, f *flight) {
 // storeFailed handles a good dump that could not be stored (disk full, I/O error): it
 // stays in staging and is tried again, while admission pauses (invariant 5).
 func (j *job) storeFailed(r moveResult, f *flight) error {
-	j.storeErrors++
 	where, dir := "output disk", j.cfg.OutputDir
 	if _, ok := errors.AsType[*indexError](r.err); ok {
 		where, dir = "state disk", j.cfg.StateDir
 	}
-	j.storeFailing = fmt.Sprintf("%s (%s): %v", where, dir, r.err)
+	failing := fmt.Sprintf("%s (%s): %v", where, dir, r.err)
 	if errors.Is(r.err, syscall.ENOSPC) {
-		j.storeFailing = fmt.Sprintf("%s full (%s)", where, dir)
+		failing = fmt.Sprintf("%s full (%s)", where, dir)
 	}
-	j.log.Warn("could not store dump; keeping it in staging and retrying", "sample", r.dump.RID.Sample, "file", r.dump.Path, "err", r.err, "consecutive", j.storeErrors)
-	if !errors.Is(r.err, syscall.ENOSPC) && j.storeErrors > 50 {
-		return fmt.Errorf("%w: storing dumps keeps failing (%d in a row), last: %v", ErrTemporary, j.storeErrors, r.err)
+	n := j.movers.storeFailed(moveJob{dump: r.dump, expected: j.expectedBytes(r.dump.RID.Sample)}, failing, time.Now())
+	j.log.Warn("could not store dump; keeping it in staging and retrying", "sample", r.dump.RID.Sample, "file", r.dump.Path, "err", r.err, "consecutive", n)
+	if !errors.Is(r.err, syscall.ENOSPC) && n > 50 {
+		return fmt.Errorf("%w: storing dumps keeps failing (%d in a row), last: %v", ErrTemporary, n, r.err)
 	}
 	if f != nil {
 		f.moving = true
 	}
-	j.moving[r.dump.Path] = true
-	expected := j.expectedBytes(r.dump.RID.Sample)
-	j.stores = append(j.stores, storeRetry{job: moveJob{dump: r.dump, expected: expected}, due: time.Now().Add(storeRetryDelay)})
 	return nil
-}
-
-// retryStores queues the dumps whose store failed once their wait is over.
-func (j *job) retryStores() {
-	now := time.Now()
-	kept := j.stores[:0]
-	for _, s := range j.stores {
-		if s.due.After(now) {
-			kept = append(kept, s)
-			continue
-		}
-		j.moveQueue = append(j.moveQueue, s.job)
-	}
-	j.stores = kept
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/shm"
 )
@@ -27,17 +26,14 @@ func TestMoversTakeNoDumpWithoutACopySlot(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ds.Close()
-	j := &job{cfg: &cfg, ds: ds, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		mover: &checkpoint.Mover{OutputDir: cfg.OutputDir},
-		moved: make(chan moveResult, moverGoroutines(&cfg)), copySlots: make(chan struct{}, cfg.Run.Movers),
-		moveJobs: make(chan moveJob), moversDone: make(chan struct{})}
+	m := newMovers(&cfg, ds, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	j.copySlots <- struct{}{} // the only slot: a long copy under way
-	j.movers.Store(int32(moverGoroutines(&cfg)))
+	m.copySlots <- struct{}{} // the only slot: a long copy under way
+	m.running.Store(int32(moverGoroutines(&cfg)))
 	var wg sync.WaitGroup
 	for range moverGoroutines(&cfg) {
-		wg.Go(func() { j.moverLoop(ctx) })
+		wg.Go(func() { m.loop(ctx) })
 	}
 	staging := t.TempDir()
 	taken := 0
@@ -47,23 +43,23 @@ func TestMoversTakeNoDumpWithoutACopySlot(t *testing.T) {
 			t.Fatal(err)
 		}
 		select {
-		case j.moveJobs <- moveJob{dump: shm.Dump{Path: p, RID: shm.RID{Sample: 0, Attempt: 1}}}:
+		case m.jobs <- moveJob{dump: shm.Dump{Path: p, RID: shm.RID{Sample: 0, Attempt: 1}}}:
 			taken++
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	close(j.moveJobs) // the run stops: finishMoves
-	<-j.copySlots
+	close(m.jobs) // the run stops: finish
+	<-m.copySlots
 	ran := 0
 	for done := false; !done; {
 		select {
-		case <-j.moved:
+		case <-m.moved:
 			ran++
-		case <-j.moversDone:
+		case <-m.done:
 			done = true
 		}
 	}
-	ran += len(j.moved)
+	ran += len(m.moved)
 	wg.Wait()
 	if taken > 0 || ran > 0 {
 		t.Errorf("with the only copy slot busy, movers took %d dumps and moved %d after the stop; want none", taken, ran)

@@ -133,8 +133,8 @@ func (j *job) snapshot() Status {
 	if p := j.gpus.Load(); p != nil {
 		gpus = *p
 	}
-	servers := make([]ServerStatus, len(j.replicas))
-	for i, rep := range j.replicas {
+	servers := make([]ServerStatus, len(j.sup.replicas))
+	for i, rep := range j.sup.replicas {
 		servers[i] = rep.status
 	}
 	for _, f := range j.inflight {

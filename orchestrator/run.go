@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -49,6 +50,18 @@ type RunOptions struct {
 	Log        *slog.Logger
 	// OnStatus, when set, is called with each status snapshot (about once a second).
 	OnStatus func(Status)
+	// seams replace parts of the run in in-process tests (run_inprocess_test.go); zero
+	// in production.
+	seams runSeams
+}
+
+// runSeams are what an in-process test of Run replaces.
+type runSeams struct {
+	// newServer wraps each replica's Manager into the server the run drives: the
+	// simulator in this process instead of a child.
+	newServer func(*sglang.Manager) serverProcess
+	// restartBackoff replaces restartBackoff, so a restart test need not wait a second.
+	restartBackoff func(n int) time.Duration
 }
 
 // Result describes a finished run.

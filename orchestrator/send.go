@@ -29,109 +29,34 @@ func sampleBytes(cfg *configs.Config, tokens int) int64 {
 // pauseReasons are the metric labels of admission's pauses, by the prefix of the reason.
 var pauseReasons = []string{"output disk reserve", "staging full", "staging budget", "cannot store dumps", "no server ready", "output disk behind", "isolating a sample"}
 
-// backlogPerWindow bounds the dumps waiting to be moved at this many request windows.
-// Staging absorbs the disk's hiccups; a backlog beyond that means the disk is the limit,
-// and a longer one would only grow the coordinator's work per event, not the throughput.
-const backlogPerWindow = 8
-
-// admit sends samples while the window and the budgets allow (invariant 5).
-func (j *job) admit() error {
-	a := &j.admission
-	a.paused = a.paused[:0]
-	defer j.setPausedMetrics()
-	if j.storeFailing != "" {
-		// Storing is failing (a full disk behind our back, an I/O error): admitting more
-		// would only pile dumps up in staging.
-		a.paused = append(a.paused, "cannot store dumps: "+j.storeFailing)
-		return nil
-	}
-	if j.requestsOpen >= j.cfg.Run.MaxInflight {
-		return nil // the window is full whatever the flights say
-	}
-	// Every flight's bytes count until its move lands, and a landed move is taken off
-	// diskFree at once (onMoved): between two measurements the estimate never runs behind
-	// the disk. A dump being moved holds staging (shm_budget), not the request window:
-	// the servers must not wait on our fsyncs. What the window counts: every request
-	// still open (its dump may have come and even landed: SGLang dumps at the end of the
-	// prefill and answers after decoding), and every answered request whose dump has not
-	// arrived.
-	var reserved int64
-	awaiting, moving := j.requestsOpen, 0
-	for _, f := range j.inflight {
-		reserved += f.expected
-		switch {
-		case f.moving:
-			moving++
-		case f.responded:
-			awaiting++
-		}
-	}
-	if limit := backlogPerWindow * j.cfg.Run.MaxInflight; moving >= limit {
-		a.paused = append(a.paused, fmt.Sprintf("output disk behind: %d dumps wait to be moved (at most %d × run.max_inflight)", moving, backlogPerWindow))
-		return nil
-	}
-	skip := func(s int) bool {
+// admit sends the samples that admission's window lets through (invariant 5): it
+// counts the window, and acts on the decision.
+func (j *job) admit() {
+	batch, paused := j.admission.decide(j.window(), time.Now(), func(s int) bool {
 		_, busy := j.inflight[s]
 		return busy || j.ledger.done(s)
-	}
-	// Each sample goes to the ready replica with the fewest tokens in flight; one to be
-	// sent alone (the poison rule, admission.died) waits for a replica with no request
-	// open, and has it to itself until answered.
-	load := j.replicaLoad()
-	busy, exclusive := j.replicaRequests()
-	var batch []int
-	var to []*replica
-	now := time.Now()
-	for awaiting+len(batch) < j.cfg.Run.MaxInflight {
-		s, fromRetry := a.next(now, skip)
-		if s < 0 {
-			break
-		}
-		var target *replica
-		if a.alone[s] {
-			target = idleReplica(j.replicas, busy)
-		} else {
-			target = leastLoaded(j.replicas, load, exclusive)
-		}
-		if target == nil {
-			if !anyReady(j.replicas) {
-				a.paused = append(a.paused, "no server ready: every replica is restarting")
-			} else {
-				a.paused = append(a.paused, fmt.Sprintf("isolating a sample: sample %d, or one sent before it, was in flight at %d server deaths and goes alone to a replica with nothing else in flight", s, a.deaths[s]))
-			}
-			break
-		}
-		want := j.expectedBytes(s)
-		if reason := j.budgets.blocked(reserved, want, len(j.inflight)+len(batch) == 0); reason != "" {
-			a.paused = append(a.paused, reason)
-			break
-		}
-		a.take(fromRetry)
-		busy[target.n] = true
-		exclusive[target.n] = exclusive[target.n] || a.alone[s]
-		batch = append(batch, s)
-		to = append(to, target)
-		load[target.n] += int64(j.ds.Tokens(s))
-		reserved += want
-	}
+	})
+	j.admission.paused = paused
+	j.setPausedMetrics()
 	if len(batch) == 0 {
-		return nil
+		return
 	}
 	if !j.sentAny {
 		j.sentAny = true
-		j.log.Info("first request sent", "sample", batch[0], "since_start", time.Since(j.started).Round(time.Millisecond))
+		j.log.Info("first request sent", "sample", batch[0].sample, "since_start", time.Since(j.started).Round(time.Millisecond))
 	}
-	for i, s := range batch {
+	for _, b := range batch {
 		// The number is picked here; the sender records it durably before the request
 		// leaves (send), sharing fsyncs with the other senders and the movers. A run
 		// killed in between never sent that rid, so the next run may pick it again.
+		s := b.sample
 		attempt := checkpoint.NextAttempt(int(j.ledger.attempt[s]), j.attemptBase)
 		rid := shm.RID{Sample: s, Attempt: attempt}
 		j.ledger.attempt[s] = uint32(attempt)
 		j.ledger.set(s, checkpoint.StateInflight, 0, 0)
-		rep := to[i]
+		rep := j.sup.replicas[b.replica]
 		request, abandon := context.WithCancel(j.workers.ctx)
-		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s), abandon: abandon, alone: a.alone[s]}
+		j.inflight[s] = &flight{sample: s, attempt: attempt, rid: rid.String(), replica: rep.n, tokens: int64(j.ds.Tokens(s)), expected: j.expectedBytes(s), abandon: abandon, alone: b.alone}
 		j.requestsOpen++
 		j.workers.start("sender", func(ctx context.Context) error {
 			defer abandon()
@@ -139,7 +64,38 @@ func (j *job) admit() error {
 			return nil
 		})
 	}
-	return nil
+}
+
+// window counts what admission decides from. Every flight's bytes count until its move
+// lands, and a landed move is taken off diskFree at once (onMoved): between two
+// measurements the estimate never runs behind the disk.
+func (j *job) window() window {
+	w := window{
+		maxInflight: j.cfg.Run.MaxInflight, requestsOpen: j.requestsOpen, flights: len(j.inflight),
+		storeFailing: j.movers.storeFailing, budgets: j.budgets, replicas: j.sup.views(), poison: &j.sup.poison,
+		cost: func(s int) (int64, int64) { return int64(j.ds.Tokens(s)), j.expectedBytes(s) },
+	}
+	for _, f := range j.inflight {
+		w.reserved += f.expected
+		switch {
+		case f.moving:
+			w.moving++
+		case f.responded:
+			w.answered++
+		}
+		if f.replica < 0 {
+			continue
+		}
+		v := &w.replicas[f.replica]
+		if !f.moving {
+			v.load += f.tokens
+		}
+		if !f.responded {
+			v.busy = true
+			v.exclusive = v.exclusive || f.alone
+		}
+	}
+	return w
 }
 
 func (j *job) setPausedMetrics() {

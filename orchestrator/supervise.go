@@ -56,7 +56,8 @@ func restartBackoff(n int) time.Duration {
 // coordinator's.
 type replica struct {
 	n         int
-	mgr       *sglang.Manager
+	mgr       serverProcess
+	spec      sglang.LaunchSpec // what mgr launches
 	client    *sglang.Client
 	staging   string // the dir its dump hook writes to
 	status    ServerStatus
@@ -64,10 +65,59 @@ type replica struct {
 	unhealthy int // consecutive failed health probes
 }
 
+// serverProcess is one replica's server as the supervisor drives it: an
+// *sglang.Manager, or in a test the simulator in this process (RunOptions.newServer).
+type serverProcess interface {
+	Ensure(ctx context.Context) (*sglang.Server, error)
+	Exited() <-chan struct{}
+	Stop(ctx context.Context, grace time.Duration) error
+	LogPath() string
+	TrimLog(max int64) error
+}
+
+// supervisor keeps the job's replica set up: each replica with its restart budget and
+// capped backoff, its health probes, and the poison rule's deaths per sample. Its
+// goroutines report on exits, health and ups; the coordinator settles each report.
+type supervisor struct {
+	cfg      *configs.Config
+	log      *slog.Logger
+	replicas []*replica
+	poison   poison
+	exits    chan serverExit
+	health   chan healthResult
+	ups      chan upResult // restarts that bringUp finished
+	backoff  func(n int) time.Duration
+}
+
+func newSupervisor(cfg *configs.Config, opt RunOptions) *supervisor {
+	backoff := restartBackoff
+	if opt.seams.restartBackoff != nil {
+		backoff = opt.seams.restartBackoff
+	}
+	return &supervisor{
+		cfg: cfg, log: opt.Log,
+		replicas: newReplicas(cfg, opt.Executable, opt.Log, opt.seams.newServer),
+		poison:   poison{isolateAfter: max(cfg.Server.IsolateAfterDeaths, 1)},
+		exits:    make(chan serverExit),
+		health:   make(chan healthResult, cfg.Server.Replicas),
+		ups:      make(chan upResult),
+		backoff:  backoff,
+	}
+}
+
+// views is what admission knows of each replica before counting the flights: ready or not.
+func (sv *supervisor) views() []replicaView {
+	v := make([]replicaView, len(sv.replicas))
+	for n, rep := range sv.replicas {
+		v[n].ready = rep.status.State == "ready"
+	}
+	return v
+}
+
 // newReplicas makes the job's server.replicas replicas: replica r on GPUs
 // gpus[r*tp_size:(r+1)*tp_size], port server.port+r, staging dir cfg.StagingDir(r), and
 // its own record, log and restart budget.
-func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
+func newReplicas(cfg *configs.Config, exe string, log *slog.Logger, newServer func(*sglang.Manager) serverProcess) []*replica {
 	reps := make([]*replica, cfg.Server.Replicas)
 	for r := range reps {
 		spec := launchSpec(cfg, exe)
@@ -78,10 +128,16 @@ func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
 			// CUDA_VISIBLE_DEVICES), as before replicas existed.
 			spec.GPUs = cfg.ReplicaGPUs(r)
 		}
+		m := &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r}
+		var mgr serverProcess = m
+		if newServer != nil {
+			mgr = newServer(m)
+		}
 		rep := &replica{
 			n:        r,
 			staging:  spec.ShmDir,
-			mgr:      &sglang.Manager{StateDir: cfg.StateDir, Spec: spec, StartupTimeout: cfg.Server.StartupTimeout, Log: log, Replica: r},
+			mgr:      mgr,
+			spec:     spec,
 			client:   sglang.NewClient(spec.BaseURL(), sglang.ClientOptions{RetryMax: cfg.Run.RequestRetries, AttemptTimeout: cfg.Run.RequestTimeout, MaxConns: cfg.Run.MaxInflight, Logger: log}),
 			restarts: restartBudget{max: cfg.Server.MaxRestarts, window: cfg.Server.RestartWindow},
 		}
@@ -92,63 +148,6 @@ func newReplicas(cfg *configs.Config, exe string, log *slog.Logger) []*replica {
 		reps[r] = rep
 	}
 	return reps
-}
-
-// replicaLoad is the tokens each replica holds: sent to it, their dump not yet arrived.
-func (j *job) replicaLoad() []int64 {
-	load := make([]int64, len(j.replicas))
-	for _, f := range j.inflight {
-		if f.replica >= 0 && !f.moving {
-			load[f.replica] += f.tokens
-		}
-	}
-	return load
-}
-
-// leastLoaded is the ready replica with the fewest tokens in flight (the lowest number
-// on a tie), skipping those that run a sample alone (exclusive, nil for none), or nil
-// when none is left.
-func leastLoaded(reps []*replica, load []int64, exclusive []bool) *replica {
-	var best *replica
-	for _, rep := range reps {
-		if rep.status.State == "ready" && (exclusive == nil || !exclusive[rep.n]) && (best == nil || load[rep.n] < load[best.n]) {
-			best = rep
-		}
-	}
-	return best
-}
-
-// idleReplica is the lowest-numbered ready replica with no request open (busy), for a
-// sample to be sent alone; nil when every ready replica has work.
-func idleReplica(reps []*replica, busy []bool) *replica {
-	for _, rep := range reps {
-		if rep.status.State == "ready" && !busy[rep.n] {
-			return rep
-		}
-	}
-	return nil
-}
-
-func anyReady(reps []*replica) bool {
-	for _, rep := range reps {
-		if rep.status.State == "ready" {
-			return true
-		}
-	}
-	return false
-}
-
-// replicaRequests says which replicas have a request open (busy), and which of those
-// run a sample alone (exclusive).
-func (j *job) replicaRequests() (busy, exclusive []bool) {
-	busy, exclusive = make([]bool, len(j.replicas)), make([]bool, len(j.replicas))
-	for _, f := range j.inflight {
-		if f.replica >= 0 && !f.responded {
-			busy[f.replica] = true
-			exclusive[f.replica] = exclusive[f.replica] || f.alone
-		}
-	}
-	return busy, exclusive
 }
 
 // upResult is a replica's launch or adoption, checked for capture, as bringUp ends it.
@@ -171,7 +170,7 @@ type healthResult struct {
 
 // bringUp launches or adopts replica rep's server and checks it is set up for capture.
 // It touches no coordinator state, so a restart runs beside the other replicas' work.
-func (j *job) bringUp(ctx context.Context, rep *replica, restart bool) upResult {
+func (sv *supervisor) bringUp(ctx context.Context, rep *replica, restart bool) upResult {
 	up := upResult{r: rep.n, restart: restart}
 	srv, err := rep.mgr.Ensure(ctx)
 	if err != nil {
@@ -196,14 +195,14 @@ func (j *job) bringUp(ctx context.Context, rep *replica, restart bool) upResult 
 		// A freshly launched server never finishes the partials of the one before; each
 		// replica has its own staging dir, so only this replica's are discarded.
 		if _, err := shm.RemovePartials(rep.staging); err != nil {
-			j.log.Warn("remove partial dumps", "dir", rep.staging, "err", err)
+			sv.log.Warn("remove partial dumps", "dir", rep.staging, "err", err)
 		}
 	}
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		defer cancel()
 		if err := rep.mgr.Stop(sctx, 30*time.Second); err != nil {
-			j.log.Warn("stopping server", "replica", rep.n, "err", err)
+			sv.log.Warn("stopping server", "replica", rep.n, "err", err)
 		}
 	}
 	hook, ok := sglang.ServerHook(rep.staging, srv.PGID)
@@ -223,9 +222,9 @@ func (j *job) bringUp(ctx context.Context, rep *replica, restart bool) upResult 
 		up.err = fmt.Errorf("%w: server info%s: %v", ErrTemporary, rep.label(), err)
 		return up
 	}
-	if err := info.CheckCapture(rep.mgr.Spec); err != nil {
+	if err := info.CheckCapture(rep.spec); err != nil {
 		stop()
-		up.err = fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, rep.mgr.Spec.BaseURL(), err)
+		up.err = fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, rep.spec.BaseURL(), err)
 	}
 	return up
 }
@@ -238,17 +237,17 @@ func (rep *replica) label() string { return fmt.Sprintf(" (replica %d)", rep.n) 
 // 40-minute model load) and the run; the replicas already up are stopped unless the
 // failure is temporary (the next run adopts them then).
 func (j *job) startServers(ctx context.Context) error {
-	j.stopRetiredReplicas(ctx)
+	j.sup.stopRetiredReplicas(ctx)
 	bringCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	ups := make(chan upResult, len(j.replicas))
-	for _, rep := range j.replicas {
+	ups := make(chan upResult, len(j.sup.replicas))
+	for _, rep := range j.sup.replicas {
 		rep.status.State = "starting"
-		go func() { ups <- j.bringUp(bringCtx, rep, false) }()
+		go func() { ups <- j.sup.bringUp(bringCtx, rep, false) }()
 	}
 	j.publish()
 	var errs []error
-	for range j.replicas {
+	for range j.sup.replicas {
 		up := <-ups
 		if up.err != nil {
 			errs = append(errs, up.err)
@@ -270,18 +269,18 @@ func (j *job) startServers(ctx context.Context) error {
 // stopRetiredReplicas stops the servers recorded for replicas this job no longer has
 // (server.replicas lowered since they were launched): nobody else would ever stop them,
 // and they hold GPUs. Their dumps are in the staging dirs the run scanned already.
-func (j *job) stopRetiredReplicas(ctx context.Context) {
-	records, _ := filepath.Glob(filepath.Join(j.cfg.StateDir, "server-*.json"))
+func (sv *supervisor) stopRetiredReplicas(ctx context.Context) {
+	records, _ := filepath.Glob(filepath.Join(sv.cfg.StateDir, "server-*.json"))
 	for _, path := range records {
 		var r int
-		if _, err := fmt.Sscanf(filepath.Base(path), "server-%d.json", &r); err != nil || r < len(j.replicas) || sglang.RecordPath(j.cfg.StateDir, r) != path {
+		if _, err := fmt.Sscanf(filepath.Base(path), "server-%d.json", &r); err != nil || r < len(sv.replicas) || sglang.RecordPath(sv.cfg.StateDir, r) != path {
 			continue
 		}
-		j.log.Info("stopping the server of a replica this job no longer has", "replica", r, "record", path, "replicas", len(j.replicas))
-		m := &sglang.Manager{StateDir: j.cfg.StateDir, Log: j.log, Replica: r}
+		sv.log.Info("stopping the server of a replica this job no longer has", "replica", r, "record", path, "replicas", len(sv.replicas))
+		m := &sglang.Manager{StateDir: sv.cfg.StateDir, Log: sv.log, Replica: r}
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 		if err := m.Stop(sctx, 30*time.Second); err != nil {
-			j.log.Warn("stopping retired replica", "replica", r, "err", err)
+			sv.log.Warn("stopping retired replica", "replica", r, "err", err)
 		}
 		cancel()
 	}
@@ -289,7 +288,7 @@ func (j *job) stopRetiredReplicas(ctx context.Context) {
 
 // serverUp marks a replica ready and watches for its exit.
 func (j *job) serverUp(up upResult) {
-	rep := j.replicas[up.r]
+	rep := j.sup.replicas[up.r]
 	rep.status.State, rep.status.PID, rep.status.Adopted = "ready", up.srv.PID, up.srv.Adopted
 	rep.status.HookVersion = up.hook.HookVersion
 	rep.unhealthy = 0
@@ -299,14 +298,14 @@ func (j *job) serverUp(up upResult) {
 		select {
 		case <-exited:
 			select {
-			case j.exits <- serverExit{r: rep.n, pid: pid}:
+			case j.sup.exits <- serverExit{r: rep.n, pid: pid}:
 			case <-ctx.Done():
 			}
 		case <-ctx.Done():
 		}
 		return nil
 	})
-	j.log.Info("server ready", "replica", rep.n, "pid", up.srv.PID, "adopted", up.srv.Adopted, "url", rep.mgr.Spec.BaseURL(), "restart", up.restart, "hook_version", up.hook.HookVersion, "layers", up.hook.Layers)
+	j.log.Info("server ready", "replica", rep.n, "pid", up.srv.PID, "adopted", up.srv.Adopted, "url", rep.spec.BaseURL(), "restart", up.restart, "hook_version", up.hook.HookVersion, "layers", up.hook.Layers)
 }
 
 func (rep *replica) metricLabel() string { return fmt.Sprint(rep.n) }
@@ -325,8 +324,8 @@ func (j *job) onUp(up upResult) error {
 func (j *job) stopServers(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
-	done := make(chan struct{}, len(j.replicas))
-	for _, rep := range j.replicas {
+	done := make(chan struct{}, len(j.sup.replicas))
+	for _, rep := range j.sup.replicas {
 		go func() {
 			rep.client.CloseIdleConnections()
 			if err := rep.mgr.Stop(ctx, 30*time.Second); err != nil {
@@ -335,7 +334,7 @@ func (j *job) stopServers(ctx context.Context) {
 			done <- struct{}{}
 		}()
 	}
-	for _, rep := range j.replicas {
+	for _, rep := range j.sup.replicas {
 		<-done
 		rep.status.State = "stopped"
 		j.metrics.serverUp.WithLabelValues(rep.metricLabel()).Set(0)
@@ -343,8 +342,8 @@ func (j *job) stopServers(ctx context.Context) {
 }
 
 // probeHealth asks rep's /health_generate every health_interval; the coordinator judges.
-func (j *job) probeHealth(ctx context.Context, rep *replica) error {
-	t := time.NewTicker(j.cfg.Server.HealthInterval)
+func (sv *supervisor) probeHealth(ctx context.Context, rep *replica) error {
+	t := time.NewTicker(sv.cfg.Server.HealthInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -352,14 +351,14 @@ func (j *job) probeHealth(ctx context.Context, rep *replica) error {
 			return nil
 		case <-t.C:
 		}
-		pctx, cancel := context.WithTimeout(ctx, j.cfg.Server.HealthTimeout)
+		pctx, cancel := context.WithTimeout(ctx, sv.cfg.Server.HealthTimeout)
 		err := rep.client.HealthGenerate(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return nil
 		}
 		select {
-		case j.health <- healthResult{r: rep.n, err: err}:
+		case sv.health <- healthResult{r: rep.n, err: err}:
 		default: // the coordinator is busy; the next probe will do
 		}
 	}
@@ -368,7 +367,7 @@ func (j *job) probeHealth(ctx context.Context, rep *replica) error {
 // onHealth counts a replica's failed probes in a row; health_failures of them is a hang:
 // its whole process group is killed and it is restarted like after a death.
 func (j *job) onHealth(ctx context.Context, h healthResult) error {
-	rep := j.replicas[h.r]
+	rep := j.sup.replicas[h.r]
 	if h.err == nil || rep.status.State != "ready" {
 		rep.unhealthy = 0
 		return nil
@@ -389,12 +388,13 @@ func (j *job) onHealth(ctx context.Context, h healthResult) error {
 // server died with it alone, so a prompt that kills the server ends as that sample's
 // failure (exit 1) instead of a restart loop (exit 75 forever).
 func (j *job) poisonRule(s int, wasAlone bool) {
-	k := max(j.cfg.Server.IsolateAfterDeaths, 1)
-	if j.admission.died(s, k, wasAlone) {
-		j.markFailed(s, fmt.Sprintf("server died with it in flight (sent alone after %d deaths with it in flight)", k), j.admission.deaths[s]+1)
+	p := &j.sup.poison
+	k := p.isolateAfter
+	if p.died(s, wasAlone) {
+		j.markFailed(s, fmt.Sprintf("server died with it in flight (sent alone after %d deaths with it in flight)", k), p.deathsOf(s)+1)
 		return
 	}
-	if j.admission.alone[s] && j.admission.deaths[s] == k {
+	if p.isAlone(s) && p.deathsOf(s) == k {
 		j.log.Warn("sample was in flight at every recent server death: sending it alone", "sample", s, "deaths", k)
 	}
 	j.admission.retryAt(s, time.Now())
@@ -413,7 +413,7 @@ func killHung(ctx context.Context, rep *replica) error {
 // onServerExit handles the exit of replica e.r's server pid e.pid, once: a second report,
 // or one about a server already replaced, is dropped.
 func (j *job) onServerExit(ctx context.Context, e serverExit) error {
-	rep := j.replicas[e.r]
+	rep := j.sup.replicas[e.r]
 	if rep.status.State != "ready" || rep.status.PID != e.pid {
 		return nil
 	}
@@ -457,12 +457,12 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 	rep.status.State = "restarting"
 	j.metrics.restarts.WithLabelValues(rep.metricLabel()).Inc()
 	j.publish()
-	backoff := restartBackoff(n)
+	backoff := j.sup.backoff(n)
 	j.workers.start(fmt.Sprintf("replica %d restart", rep.n), func(ctx context.Context) error {
 		if hung {
 			if err := killHung(ctx, rep); err != nil {
 				select {
-				case j.ups <- upResult{r: rep.n, restart: true, err: err}:
+				case j.sup.ups <- upResult{r: rep.n, restart: true, err: err}:
 				case <-ctx.Done():
 				}
 				return nil
@@ -473,12 +473,12 @@ func (j *job) serverGone(ctx context.Context, rep *replica, hung bool) error {
 			return nil
 		case <-time.After(backoff):
 		}
-		up := j.bringUp(ctx, rep, true)
+		up := j.sup.bringUp(ctx, rep, true)
 		if ctx.Err() != nil {
 			return nil // the run is ending; a server still loading is adopted next time
 		}
 		select {
-		case j.ups <- up:
+		case j.sup.ups <- up:
 		case <-ctx.Done():
 		}
 		return nil

@@ -6,11 +6,13 @@ import (
 )
 
 func TestEachSampleGoesToTheReadyReplicaWithTheFewestTokensInFlight(t *testing.T) {
-	reps := make([]*replica, 4)
-	for r := range reps {
-		reps[r] = &replica{n: r, status: ServerStatus{Replica: r, State: "ready"}}
+	views := func(load []int64) []replicaView {
+		reps := make([]replicaView, len(load))
+		for r := range reps {
+			reps[r] = replicaView{ready: r != 1, load: load[r]} // replica 1 is restarting
+		}
+		return reps
 	}
-	reps[1].status.State = "restarting"
 	for _, c := range []struct {
 		load []int64
 		want int
@@ -19,15 +21,12 @@ func TestEachSampleGoesToTheReadyReplicaWithTheFewestTokensInFlight(t *testing.T
 		{[]int64{500, 0, 200, 300}, 2}, // replica 1 is idle but not ready
 		{[]int64{100, 0, 100, 99}, 3},
 	} {
-		if got := leastLoaded(reps, c.load, nil); got == nil || got.n != c.want {
-			t.Errorf("load %v: got %v, want replica %d", c.load, got, c.want)
+		if got := leastLoaded(views(c.load)); got != c.want {
+			t.Errorf("load %v: got %d, want replica %d", c.load, got, c.want)
 		}
 	}
-	for _, rep := range reps {
-		rep.status.State = "restarting"
-	}
-	if got := leastLoaded(reps, []int64{0, 0, 0, 0}, nil); got != nil {
-		t.Errorf("no replica ready, got replica %d", got.n)
+	if got := leastLoaded(make([]replicaView, 4)); got != -1 {
+		t.Errorf("no replica ready, got replica %d", got)
 	}
 }
 
@@ -43,35 +42,33 @@ func TestRestartBackoffDoublesFromOneSecondAndStopsAtAMinute(t *testing.T) {
 }
 
 func TestASampleInFlightAtEveryServerDeathIsSentAloneThenFailed(t *testing.T) {
-	var a admission
 	const k = 2
-	if a.died(7, k, false) || a.alone[7] {
+	p := poison{isolateAfter: k}
+	if p.died(7, false) || p.isAlone(7) {
 		t.Fatal("one death: neither failed nor isolated")
 	}
-	if a.died(7, k, false) || !a.alone[7] {
+	if p.died(7, false) || !p.isAlone(7) {
 		t.Fatalf("after %d deaths sample 7 must be sent alone", k)
 	}
-	if a.alone[8] {
+	if p.isAlone(8) {
 		t.Error("a sample never in flight at a death is isolated")
 	}
-	if !a.died(7, k, true) {
+	if !p.died(7, true) {
 		t.Error("the server died with sample 7 alone: it must fail")
 	}
 }
 
 func TestASampleSentAloneGetsAnIdleReplicaAndNoneShareIt(t *testing.T) {
-	reps := make([]*replica, 3)
-	for r := range reps {
-		reps[r] = &replica{n: r, status: ServerStatus{Replica: r, State: "ready"}}
+	reps := []replicaView{{ready: true, busy: true}, {ready: true}, {ready: true}}
+	if got := idleReplica(reps); got != 1 {
+		t.Errorf("idle replica = %d, want 1", got)
 	}
-	if got := idleReplica(reps, []bool{true, false, false}); got == nil || got.n != 1 {
-		t.Errorf("idle replica = %v, want 1", got)
-	}
-	if got := idleReplica(reps, []bool{true, true, true}); got != nil {
-		t.Errorf("every replica busy: got %d, want none", got.n)
+	if got := idleReplica([]replicaView{{ready: true, busy: true}, {ready: true, busy: true}}); got != -1 {
+		t.Errorf("every replica busy: got %d, want none", got)
 	}
 	// Replica 1 runs a sample alone: the others share the rest, however idle 1 is.
-	if got := leastLoaded(reps, []int64{50, 0, 40}, []bool{false, true, false}); got == nil || got.n != 2 {
-		t.Errorf("least loaded beside an exclusive replica = %v, want 2", got)
+	reps = []replicaView{{ready: true, load: 50}, {ready: true, busy: true, exclusive: true}, {ready: true, load: 40}}
+	if got := leastLoaded(reps); got != 2 {
+		t.Errorf("least loaded beside an exclusive replica = %d, want 2", got)
 	}
 }
