@@ -297,7 +297,7 @@ class ServerTest(unittest.TestCase):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     self.fail(f"float32 server did not start: {proc.stdout.read()}")
                 time.sleep(0.1)
-            rid, ids = "s000000900-a1", [5, 17, 250, 3, 9]
+            rid, ids = "s000000555-a1", [5, 17, 250, 3, 9]
             req = urllib.request.Request(base + "/generate", data=json.dumps({"rid": rid, "input_ids": ids, "sampling_params": {"max_new_tokens": 1}}).encode(),
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=60) as r:
