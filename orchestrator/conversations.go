@@ -10,6 +10,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 	"github.com/extract-dev/extract/sglang/tokenizer"
 )
@@ -47,7 +48,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	}
 	conv, err := prepare.IsConversations(cfg)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+		return "", fmt.Errorf("%w: %w", dataset.ErrBad, err)
 	}
 	if !conv {
 		return cfg.Dataset, nil
@@ -91,7 +92,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	case errors.Is(err, prepare.ErrChanged):
 		return "", fmt.Errorf("%w: %v: resuming would mix samples made by two tokenizations", ErrRefused, err)
 	case errors.Is(err, prepare.ErrBadInput):
-		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+		return "", fmt.Errorf("%w: %w", dataset.ErrBad, err)
 	case err != nil:
 		return "", err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
@@ -82,7 +83,7 @@ type DoctorOptions struct {
 	GPUs *sglang.GPUInspector
 	// Dataset, when set, is the job's dataset already opened (run's preflight); nil:
 	// Doctor opens cfg.Dataset itself.
-	Dataset *Dataset
+	Dataset *dataset.Dataset
 	// Index, when set, is the job's index opened by a caller that holds the run lock;
 	// nil: Doctor opens it read-only, and only when no run holds the lock.
 	Index *checkpoint.Index
@@ -120,7 +121,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 	if opt.GPUs == nil {
 		d.opt.GPUs = sglang.NewGPUInspector(nil)
 	}
-	dataset := d.loadDataset(ctx)
+	datasetCheck := d.loadDataset(ctx)
 	if err := ctx.Err(); err != nil {
 		return DoctorReport{}, fmt.Errorf("%w: stopped (%v) during the checks", ErrTemporary, err)
 	}
@@ -146,7 +147,7 @@ func Doctor(ctx context.Context, cfg *configs.Config, opt DoctorOptions) (Doctor
 		{true, d.checkHook},
 		{true, d.checkSGLang},
 		{true, d.checkTransformers},
-		{false, func(context.Context) []Check { return []Check{dataset} }},
+		{false, func(context.Context) []Check { return []Check{datasetCheck} }},
 		{false, d.checkTokenizer}, // doctor_prepare.go
 		{false, d.checkDirs},
 		{false, d.checkFiles},
@@ -187,7 +188,7 @@ type doctor struct {
 	cfg *configs.Config
 	opt DoctorOptions
 
-	ds    *Dataset
+	ds    *dataset.Dataset
 	ownDS bool
 	// index is what was read from the index; indexVerdict, when set, is the index
 	// check's outcome decided without reading it (a run holds it, there is none, it
@@ -230,7 +231,7 @@ func (d *doctor) loadDataset(ctx context.Context) Check {
 		if c, done := d.loadConversations(); done { // doctor_prepare.go
 			return c
 		}
-		ds, err := OpenJobDataset(ctx, d.cfg)
+		ds, err := dataset.OpenJob(ctx, d.cfg)
 		if err != nil {
 			fix := "point dataset at the job's JSONL file"
 			if strings.Contains(err.Error(), " line ") {
@@ -418,7 +419,7 @@ func (d *doctor) checkDisk(context.Context) []Check {
 	text := 0
 	for _, s := range left {
 		tokens += int64(d.ds.Tokens(s))
-		if d.ds.lines[s].text {
+		if d.ds.IsText(s) {
 			text++
 		}
 	}

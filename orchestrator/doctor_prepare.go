@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 )
 
@@ -24,7 +25,7 @@ func (d *doctor) loadConversations() (c Check, done bool) {
 		return failCheck("dataset", "remove "+dir+" (extract run --fresh prepares it again)", "%v", err), true
 	}
 	if ok && m.Complete {
-		if ds, err := OpenDataset(filepath.Join(dir, prepare.DatasetName)); err == nil {
+		if ds, err := dataset.Open(filepath.Join(dir, prepare.DatasetName)); err == nil {
 			d.ds, d.ownDS = ds, true
 			return okCheck("dataset", "conversations %s, prepared into %s: %d samples, %d tokens, %d lines refused", d.cfg.Dataset, ds.Path, ds.Len(), ds.TotalTokens(nil), m.Counts.RefusedTotal()), true
 		}

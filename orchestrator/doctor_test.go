@@ -20,6 +20,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/sglang/sglangtest"
@@ -277,7 +278,7 @@ func mountSmallDisk(t *testing.T, size string) string {
 // with an output file of 100 bytes.
 func indexJob(t *testing.T, cfg *configs.Config, done []int) {
 	t.Helper()
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := dataset.Open(cfg.Dataset)
 	if err != nil {
 		t.Fatal(err)
 	}

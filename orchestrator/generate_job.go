@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/conversation"
 	"github.com/extract-dev/extract/orchestrator/generate"
 	"github.com/extract-dev/extract/sglang"
@@ -290,7 +291,7 @@ func runGenerate(ctx context.Context, cfg *configs.Config, opt RunOptions) (stri
 	opt.Log.Info("generate: conversations regenerated", "conversations", cfg.Dataset, "output", sum.Output, "done", sum.Done,
 		"dropped", sum.Dropped, "failed", sum.Failed, "generated_tokens", sum.Generated, "already_done", sum.AlreadyDone)
 	if sum.Done == 0 {
-		return "", fmt.Errorf("%w: generate kept no conversation of %s (%d dropped, %d failed); see `extract generate --report`", ErrBadDataset, cfg.Dataset, sum.Dropped, sum.Failed)
+		return "", fmt.Errorf("%w: generate kept no conversation of %s (%d dropped, %d failed); see `extract generate --report`", dataset.ErrBad, cfg.Dataset, sum.Dropped, sum.Failed)
 	}
 	return sum.Output, nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 )
 
 // ImportOptions are the import command's choices.
@@ -76,7 +77,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := checkShardPlan(cfg); err != nil {
 		return rep, err
 	}
-	ds, err := OpenJobDataset(ctx, cfg)
+	ds, err := dataset.OpenJob(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/history"
 	"github.com/extract-dev/extract/sglang"
@@ -31,7 +32,7 @@ type job struct {
 	cfg   *configs.Config
 	opt   RunOptions
 	log   *slog.Logger
-	ds    *Dataset
+	ds    *dataset.Dataset
 	ix    *checkpoint.Index
 	lock  *Lock
 	mover *checkpoint.Mover
@@ -105,7 +106,7 @@ var errStateLost = errors.New("state dir lost")
 // tick paces admission re-checks, timeouts and status snapshots.
 const tick = 250 * time.Millisecond
 
-func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Index, lock *Lock, started time.Time) (*job, error) {
+func newJob(cfg *configs.Config, opt RunOptions, ds *dataset.Dataset, ix *checkpoint.Index, lock *Lock, started time.Time) (*job, error) {
 	prog, err := ix.Load(ds.Len())
 	if err != nil {
 		return nil, err

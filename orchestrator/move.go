@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -196,7 +197,7 @@ func (j *job) onMoved(r moveResult) error {
 			}
 		}
 		return nil
-	case errors.Is(r.err, ErrBadDataset):
+	case errors.Is(r.err, dataset.ErrBad):
 		return r.err
 	case errors.Is(r.err, context.Canceled):
 		return nil // stopping; the dump stays in staging for the next run

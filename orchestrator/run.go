@@ -13,17 +13,19 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/internal/errclass"
 	"github.com/extract-dev/extract/shm"
 )
 
 // Errors that map to the CLI's exit codes.
 var (
 	// ErrRefused: the job cannot start as asked; the message says what to do (exit 2).
-	ErrRefused = errors.New("refused")
+	ErrRefused = errclass.ErrRefused
 	// ErrPreflight: the node is not fit to run (exit 3).
-	ErrPreflight = errors.New("preflight failed")
+	ErrPreflight = errclass.ErrPreflight
 	// ErrTemporary: worth a retry later, e.g. by cron (exit 75).
-	ErrTemporary = errors.New("temporary failure")
+	ErrTemporary = errclass.ErrTemporary
 )
 
 // Outcome says how a run ended without error.
@@ -97,7 +99,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	dsCfg := *cfg // the prepared file, when the dataset is a conversation file
 	dsCfg.Dataset = dsPath
-	ds, err := OpenDatasetCached(ctx, &dsCfg)
+	ds, err := dataset.OpenCached(ctx, &dsCfg)
 	if err != nil {
 		return res, err
 	}
@@ -238,7 +240,7 @@ func alreadyHeld(cfg *configs.Config, h Holder) (Result, error) {
 
 // prepareIndex makes the index describe this job: a new index is initialised; one with
 // progress is continued only with --resume and only for the same dataset and config.
-func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt RunOptions) error {
+func prepareIndex(ix *checkpoint.Index, ds *dataset.Dataset, cfg *configs.Config, opt RunOptions) error {
 	want := checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint,
 		DatasetPath:        ds.Path,
