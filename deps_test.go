@@ -51,8 +51,8 @@ func listPackages(t *testing.T) map[string]goPackage {
 // within reports whether path is pkg or a package below it.
 func within(path, pkg string) bool { return path == pkg || strings.HasPrefix(path, pkg+"/") }
 
-// TestPackagesKeepTheirBoundaries holds the layering of docs/design.md: the server side
-// and the index know nothing of the coordinator or of each other, and orchestrator
+// TestPackagesKeepTheirBoundaries holds the layering of docs/design.md: the dataset, the
+// server side and the index know nothing of the coordinator or of each other, and orchestrator
 // composes the server's facts instead of asking NVML itself.
 func TestPackagesKeepTheirBoundaries(t *testing.T) {
 	pkgs := listPackages(t)
@@ -63,6 +63,7 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		direct bool // only the package's own imports count, not what they import
 		why    string
 	}{
+		{m("dataset"), []string{m("orchestrator"), m("sglang"), m("shm"), m("checkpoint")}, false, "the dataset is read first: it knows nothing of the pipeline that consumes it"},
 		{m("sglang"), []string{m("checkpoint"), m("orchestrator")}, false, "the server side knows nothing of the index or the run loop"},
 		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator")}, false, "the simulator stands in for the server and knows no more than it"},
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
