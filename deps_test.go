@@ -63,12 +63,13 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		direct bool // only the package's own imports count, not what they import
 		why    string
 	}{
-		{m("dataset"), []string{m("orchestrator"), m("sglang"), m("shm"), m("checkpoint")}, false, "the dataset is read first: it knows nothing of the pipeline that consumes it"},
-		{m("sglang"), []string{m("checkpoint"), m("orchestrator")}, false, "the server side knows nothing of the index or the run loop"},
-		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator")}, false, "the simulator stands in for the server and knows no more than it"},
+		{m("dataset"), []string{m("orchestrator"), m("doctor"), m("sglang"), m("shm"), m("checkpoint")}, false, "the dataset is read first: it knows nothing of the pipeline that consumes it"},
+		{m("sglang"), []string{m("checkpoint"), m("orchestrator"), m("doctor")}, false, "the server side knows nothing of the index or the run loop"},
+		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator"), m("doctor")}, false, "the simulator stands in for the server and knows no more than it"},
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
-		{m("checkpoint"), []string{m("orchestrator"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
-		{m("shm"), []string{m("orchestrator"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
+		{m("doctor"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; doctor only judges them"},
+		{m("checkpoint"), []string{m("orchestrator"), m("doctor"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
+		{m("shm"), []string{m("orchestrator"), m("doctor"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
 		{m("internal/history"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "the history is records and a file: readable without the pipeline"},
 		{m("internal/report"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "drawing a report needs the history and the facts it is given, nothing else"},
 	} {

@@ -11,6 +11,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 	"github.com/extract-dev/extract/sglang/tokenizer"
 )
@@ -56,7 +57,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	if err := checkConversationJob(cfg); err != nil {
 		return "", err
 	}
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return "", err
 	}
 	lock, err := acquireStageLock(cfg)

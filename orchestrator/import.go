@@ -12,6 +12,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 )
 
 // ImportOptions are the import command's choices.
@@ -82,7 +83,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 		return rep, err
 	}
 	defer func() { _ = ds.Close() }()
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return rep, err
 	}
 	lock, err := AcquireLock(cfg.StateDir, "import")

@@ -17,6 +17,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/history"
 	"github.com/extract-dev/extract/sglang"
@@ -223,7 +224,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	// Only staging dirs no other user can write are trusted with dumps (invariant 8);
 	// made before anything else would create them.
-	owner, err := stagingOwner(j.cfg)
+	owner, err := doctor.StagingOwner(j.cfg)
 	if err != nil {
 		return res, err
 	}

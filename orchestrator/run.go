@@ -14,6 +14,7 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/errclass"
 	"github.com/extract-dev/extract/shm"
 )
@@ -105,7 +106,7 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	defer func() { _ = ds.Close() }()
 	res.Total = spanOf(cfg, ds.Len()).size()
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
 	}
 	lock, err := AcquireLock(cfg.StateDir, "run")
@@ -136,11 +137,11 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, damagedIndex(err)
 	}
-	if err := checkReplicaFit(cfg, nil); err != nil {
+	if err := doctor.CheckReplicaFit(cfg, nil); err != nil {
 		return res, err // exit 2: replicas × tp_size is more GPUs than the node has
 	}
 	// The same triage as `extract doctor`, before any GPU time is spent.
-	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
+	rep, err := Doctor(ctx, cfg, doctor.Options{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
 	if err != nil {
 		return res, err
 	}
@@ -225,7 +226,7 @@ func damagedIndex(err error) error {
 	if !errors.Is(err, checkpoint.ErrDamaged) {
 		return err
 	}
-	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, repairFix)
+	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, doctor.RepairFix)
 }
 
 // alreadyHeld is a run's answer to a lock another process holds: another run is the job

@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 import (
 	"context"
@@ -40,7 +40,7 @@ func (d *doctor) checkTokenizer(context.Context) []Check {
 	if conv, err := prepare.IsConversations(d.cfg); err != nil || !conv {
 		return nil
 	}
-	if err := checkConversationJob(d.cfg); err != nil {
+	if err := d.opt.Job.CheckConversations(); err != nil {
 		return []Check{failCheck("tokenizer", "point prepare.tokenizer (or server.model_path) at the model's folder; set prepare.trust_remote_code or vocab.draft_size as the reason says", "%v", err)}
 	}
 	if d.cfg.Server.Kind == "simulator" {
