@@ -69,6 +69,7 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
 		{m("doctor"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; doctor only judges them"},
 		{m("checkpoint"), []string{m("orchestrator"), m("doctor"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
+		{m("configs"), []string{m("orchestrator"), m("doctor"), m("dataset"), m("checkpoint"), m("shm"), m("sglang")}, false, "every layer reads the config, so it reads none of them (the simulator embeds configs.Simulator, not the other way)"},
 		{m("shm"), []string{m("orchestrator"), m("doctor"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
 		{m("internal/history"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "the history is records and a file: readable without the pipeline"},
 		{m("internal/report"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "drawing a report needs the history and the facts it is given, nothing else"},

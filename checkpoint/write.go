@@ -75,7 +75,7 @@ func createSample(ctx context.Context, l Layout, final string, s *sample, buf []
 	if err := atomicfile.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return nil, 0, 0, blockedOr(filepath.Dir(final), err)
 	}
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	f, err := outputDisk.create(tmp)
 	if err != nil {
 		return nil, 0, 0, blockedOr(tmp, fmt.Errorf("create %s: %w", tmp, err))
 	}
@@ -102,7 +102,7 @@ func createSample(ctx context.Context, l Layout, final string, s *sample, buf []
 // commit fsyncs the file, renames it to its final name and fsyncs the directory. A
 // failure before the rename removes the temp file.
 func (p *pendingFile) commit() error {
-	if err := atomicfile.Sync(p.f); err != nil {
+	if err := outputDisk.sync(p.f); err != nil {
 		p.abort()
 		return fmt.Errorf("fsync %s: %w", p.tmp, err)
 	}
@@ -110,13 +110,16 @@ func (p *pendingFile) commit() error {
 		_ = os.Remove(p.tmp)
 		return fmt.Errorf("close %s: %w", p.tmp, err)
 	}
-	if err := os.Rename(p.tmp, p.final); err != nil {
+	if err := outputDisk.rename(p.tmp, p.final); err != nil {
 		_ = os.Remove(p.tmp)
 		return blockedOr(p.final, fmt.Errorf("rename %s: %w", p.tmp, err))
 	}
 	// The file under its final name is complete either way; without a durable directory
 	// entry the caller must not commit, and its retry overwrites the file.
-	return atomicfile.SyncDir(filepath.Dir(p.final))
+	if err := outputDisk.syncDir(filepath.Dir(p.final)); err != nil {
+		return fmt.Errorf("make %s durable: %w", p.final, err)
+	}
+	return nil
 }
 
 // BlockedError means something the mover may not replace is in the way of an output:

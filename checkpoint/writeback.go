@@ -27,7 +27,7 @@ type writeback struct {
 func newWriteback(f *os.File) *writeback { return &writeback{f: f, fd: int(f.Fd())} }
 
 func (w *writeback) Write(p []byte) (int, error) {
-	n, err := w.f.Write(p)
+	n, err := outputDisk.write(w.f, p)
 	w.written += int64(n)
 	if w.written-w.started >= writebackEvery {
 		// Whole pages only: the page the next Write continues would be written twice.

@@ -98,35 +98,56 @@ type Transformers struct {
 	AttnImplementation string `mapstructure:"attn_implementation"`
 }
 
-// Simulator configures the embedded SGLang simulator (server.kind: simulator).
+// Simulator configures the embedded SGLang simulator (server.kind: simulator): its
+// width, its prefill rate, the faults tests inject and the shape of generated replies.
+// It is the options' one declaration: sglang.SimulatorSpec carries it to the launch,
+// whose argv the simulate command parses back into simulator.Config, which embeds it.
+// One field per server.simulator key (16): the keys are flat in config files, and
+// grouping them here would rename them.
 type Simulator struct {
-	TokensPerSecond float64       `mapstructure:"tokens_per_second"`
-	HiddenSize      int           `mapstructure:"hidden_size"`
-	StartupDelay    time.Duration `mapstructure:"startup_delay"`
-	ExitAfter       int           `mapstructure:"exit_after"`
-	HangAfter       int           `mapstructure:"hang_after"`
-	Fail503Every    int           `mapstructure:"fail_503_every"`
-	CorruptEvery    int           `mapstructure:"corrupt_every"`
-	LateDumpDelay   time.Duration `mapstructure:"late_dump_delay"`
-	// DecodeDelay is the simulator's time per generated token after the first, between
-	// its dump and its answer (server.max_new_tokens > 1).
+	// TokensPerSecond is one prefill rate shared by all requests, like one GPU queue;
+	// 0 runs as fast as it can.
+	TokensPerSecond float64 `mapstructure:"tokens_per_second"`
+	HiddenSize      int     `mapstructure:"hidden_size"`
+	// StartupDelay is how long /health_generate and /generate answer 503, like a model loading.
+	StartupDelay time.Duration `mapstructure:"startup_delay"`
+	// ExitAfter makes the process exit with status 3 after that many completed requests.
+	ExitAfter int `mapstructure:"exit_after"`
+	// HangAfter makes /generate and /health_generate block after that many completed
+	// requests, like a stuck scheduler behind a live HTTP frontend.
+	HangAfter int `mapstructure:"hang_after"`
+	// Fail503Every answers every Nth /generate with 503 before doing any work.
+	Fail503Every int `mapstructure:"fail_503_every"`
+	// CorruptEvery writes every Nth dump with input_ids that differ from the request's,
+	// as a server that tokenized or cached wrongly would.
+	CorruptEvery int `mapstructure:"corrupt_every"`
+	// LateDumpDelay writes each dump this long after the response, like a slow hook.
+	LateDumpDelay time.Duration `mapstructure:"late_dump_delay"`
+	// DecodeDelay is the time to generate each token after the first: the answer comes
+	// (server.max_new_tokens − 1) × DecodeDelay after the dump, as SGLang's hook dumps at
+	// the end of the prefill and answers after decoding.
 	DecodeDelay time.Duration `mapstructure:"decode_delay"`
-	// RequestLog is a file the simulator appends "rid port open" of every request to (tests);
-	// replicas share it (O_APPEND, one write a line).
+	// RequestLog, when set, is a file that gets one line per /generate received ("rid port
+	// open", open being the requests under way with this one), appended across restarts
+	// and shared by replicas (O_APPEND, one write a line): tests count the work the
+	// server was asked to do, and how much of it at once.
 	RequestLog string `mapstructure:"request_log"`
 
-	// CrashOnSamples makes the simulator exit (status 3) whenever a request for one of
-	// these samples arrives, with whatever else is in flight: a prompt that kills the
-	// server, for tests of the poison rule.
+	// CrashOnSamples makes the simulator exit (status 3) as soon as a request for one of
+	// these samples (by its rid, s<sample>-a<attempt>) arrives, with whatever else is in
+	// flight: a prompt that kills the server, for tests of the poison rule.
 	CrashOnSamples []int `mapstructure:"crash_on_samples"`
 	// ReplyTokens, EmptyEvery and ThinkEvery shape the replies to extract generate
-	// (docs/generate.md); CrashOnRID kills the simulator when a generation rid with one
-	// of these prefixes arrives (a poison conversation, for tests).
+	// (docs/generate.md): at most ReplyTokens content bytes (0: 24), about one reply in
+	// EmptyEvery empty and one in ThinkEvery with a think marker (0: none). CrashOnRID
+	// kills the simulator when a generation rid with one of these prefixes arrives (a
+	// poison conversation, for tests).
 	ReplyTokens int      `mapstructure:"reply_tokens"`
 	EmptyEvery  int      `mapstructure:"empty_every"`
 	ThinkEvery  int      `mapstructure:"think_every"`
 	CrashOnRID  []string `mapstructure:"crash_on_rid"`
-	// ContextLength refuses a longer generation prompt with 400 (0: no bound).
+	// ContextLength refuses a longer generation prompt with 400, as SGLang refuses one
+	// past the model's context (0: no bound).
 	ContextLength int `mapstructure:"context_length"`
 }
 

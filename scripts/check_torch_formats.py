@@ -187,12 +187,13 @@ def main():
     import torch
 
     HAS_MMAP = "mmap" in inspect.signature(torch.load).parameters
-    files = sorted(
-        os.path.join(r, n)
-        for r, _, ns in os.walk(a.out_dir)
-        for n in ns
-        if n.endswith((".ckpt", ".ckpt.gz", ".pt")) and not n.startswith(".")
-    )
+    files = []
+    for r, ds, ns in os.walk(a.out_dir):
+        # The draft vocabulary (vocab_mapping/*.pt, as SpecForge keeps it) is no sample;
+        # scripts/check_vocab_mapping.py checks it.
+        ds[:] = [d for d in ds if d != "vocab_mapping"]
+        files += [os.path.join(r, n) for n in ns if n.endswith((".ckpt", ".ckpt.gz", ".pt")) and not n.startswith(".")]
+    files.sort()
     problems = []
     summary = {"torch": torch.__version__, "mmap": HAS_MMAP, "files": len(files)}
     t0 = time.time()

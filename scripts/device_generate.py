@@ -88,10 +88,10 @@ def check(d, convs, out):
                 continue
             if pos == 0:
                 # The first prompt is the template's, encoded whole.
-                prompt = list(tok.apply_chat_template(hist, add_generation_prompt=True, tokenize=True))
+                prompt = list(tok.apply_chat_template(hist, add_generation_prompt=True, tokenize=True, return_dict=False))
                 if ids[:len(prompt)] != prompt:
                     bad += 1
-                    print("prompt differs", l["id"], file=sys.stderr)
+                    print("prompt differs", l["id"], ids[:len(prompt)], prompt, file=sys.stderr)
                     break
             # The prefix the server saw: the sample up to the generation prompt of this turn.
             at = find_prompt_end(ids, mask, pos)

@@ -20,6 +20,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import re
 import sys
 import time
 
@@ -156,6 +157,18 @@ def anchor(a):
                       "conversations_per_second": round(len(lines) / dt, 1), "tokens_per_conversation": round(tokens / len(lines), 1)}))
 
 
+def workerstats(a):
+    """The prepare workers' stats lines in an extract log (slog text), summed."""
+    tot = {}
+    for line in open(a.log):
+        if "prepare worker stats" not in line:
+            continue
+        m = re.search(r' stats=("(?:[^"\\]|\\.)*")', line)
+        for k, v in json.loads(json.loads(m.group(1))).items():
+            tot[k] = round(tot.get(k, 0) + v, 2)
+    print(json.dumps(tot))
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -163,8 +176,9 @@ def main():
     p = sub.add_parser("convs"); p.add_argument("path"); p.add_argument("n", type=int); p.add_argument("--seed", type=int, default=7)
     p = sub.add_parser("check"); p.add_argument("tok"); p.add_argument("convs"); p.add_argument("prepared"); p.add_argument("--masks-from")
     p = sub.add_parser("anchor"); p.add_argument("tok"); p.add_argument("convs"); p.add_argument("procs", type=int)
+    p = sub.add_parser("workerstats"); p.add_argument("log")
     a = ap.parse_args()
-    return {"build": build, "convs": convs, "check": check, "anchor": anchor}[a.cmd](a) or 0
+    return {"build": build, "convs": convs, "check": check, "anchor": anchor, "workerstats": workerstats}[a.cmd](a) or 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@
 #      tokenizer's vocabulary) to output.format specforge files, loaded by torch and, with
 #      SPECFORGE_SRC (default .specforge, a copy of ../shared/specforge-src carried along),
 #      SpecForge's own reader; the vocabulary file checked against SpecForge's function.
+#   --bench-only: step 1 and the bench alone.
 #   --bench: prepare vs the anchor (HF's apply_chat_template with masks, one process per
 #      core) over the same 40000 conversations, both end to end, tags and prefix.
 # Prints one summary at the end (also $OUT/prepare-summary.txt); exit 0 only if every
@@ -27,14 +28,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
 -h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-"" | --bench) ;;
-*) echo "device_prepare.sh: takes only --bench, got $1 (see --help)" >&2; exit 2 ;;
+"" | --bench | --bench-only) ;;
+*) echo "device_prepare.sh: takes only --bench or --bench-only, got $1 (see --help)" >&2; exit 2 ;;
 esac
 BIN=$(realpath "${DEVICE_EXTRACT_BIN:-.devbin/extract}")
 HELP=$(realpath scripts/device_prepare.py)
 SF=${SPECFORGE_SRC:-$PWD/.specforge}
 W=${DEVRUN_DIR:-$PWD/.devrun/prepare}
 BENCH=0; [ "${1:-}" = "--bench" ] && BENCH=1
+ONLY=0; [ "${1:-}" = "--bench-only" ] && BENCH=1 && ONLY=1
 rm -rf "$W"; mkdir -p "$W"
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
@@ -69,6 +71,9 @@ check() { # check NAME TOKDIR [--masks-from DIR]
 python3 "$HELP" build "$W/tok" | tee -a "$SUMMARY" || exit 1
 python3 "$HELP" convs "$W/convs.jsonl" 2000
 
+if [ $ONLY = 1 ]; then
+  cfg tags "$W/tok/tags"; cfg plain "$W/tok/plain"
+else
 cfg tags "$W/tok/tags"; prep tags && check tags "$W/tok/tags"
 cfg tagsprefix "$W/tok/tags" "mask: prefix"; prep tagsprefix && check tagsprefix "$W/tok/tags"
 cfg plain "$W/tok/plain"; prep plain && check plain "$W/tok/plain" --masks-from "$W/tok/tags"
@@ -117,16 +122,20 @@ if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
 else
   say "run through server.kind transformers: not run (no GPU)"
 fi
+fi # --bench-only
 
 if [ $BENCH = 1 ]; then
   python3 "$HELP" convs "$W/bench.jsonl" 40000 --seed 11
   for name in tags plain; do
     sed "s#$W/convs.jsonl#$W/bench.jsonl#" "$W/$name.yaml" >"$W/bench-$name.yaml"
     t0=$(date +%s.%N)
-    "$BIN" prepare --config "$W/bench-$name.yaml" --to "$W/bench-$name-prep" --json >"$W/bench-$name.json" 2>"$W/bench-$name.log" || FAIL=1
+    prof=(); [ -n "${OUT:-}" ] && prof=(env "EXTRACT_PROFILE_DIR=$OUT/profile-$name")
+    "${prof[@]}" "$BIN" prepare --config "$W/bench-$name.yaml" --to "$W/bench-$name-prep" --json >"$W/bench-$name.json" 2>"$W/bench-$name.log" || FAIL=1
     t1=$(date +%s.%N)
     tokens=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['counts']['tokens'])" "$W/bench-$name-prep/manifest.json" 2>&1)
     say "bench prepare ($name, $CORES workers, $tokens tokens): $(python3 -c "print(round(40000/($t1-$t0), 1))") conversations/s, $(python3 -c "print(round($t1-$t0, 2))") s end to end"
+    # Where the workers' time went (their stats lines in the log): summed over workers.
+    say "bench prepare ($name) workers, summed: $(python3 "$HELP" workerstats "$W/bench-$name.log" 2>&1)"
   done
   say "bench anchor (HF apply_chat_template with masks, $CORES processes, end to end): $(python3 "$HELP" anchor "$W/tok/tags" "$W/bench.jsonl" "$CORES")"
 fi

@@ -12,7 +12,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"time"
+
+	"github.com/extract-dev/extract/configs"
 )
 
 // Server kinds.
@@ -49,24 +50,11 @@ type LaunchSpec struct {
 }
 
 // SimulatorSpec configures kind simulator; Executable is the extract binary, whose hidden
-// "simulate" command runs the simulator.
+// "simulate" command runs the simulator, and NumLayers is the model's depth it claims.
 type SimulatorSpec struct {
-	Executable      string
-	TokensPerSecond float64
-	HiddenSize      int
-	NumLayers       int
-	StartupDelay    time.Duration
-	ExitAfter       int
-	HangAfter       int
-	Fail503Every    int
-	CorruptEvery    int
-	LateDumpDelay   time.Duration
-	DecodeDelay     time.Duration
-	RequestLog      string
-	CrashOnSamples  []int
-	// Gen* shape the replies to generation requests; CrashOnRID is the poison fault.
-	GenReplyTokens, GenEmptyEvery, GenThinkEvery, GenContextLength int
-	CrashOnRID                                                     []string
+	Executable string
+	NumLayers  int
+	configs.Simulator
 }
 
 // captureBreakers are SGLang flags that would break capture (or fight the ones Argv
@@ -217,10 +205,10 @@ func (s LaunchSpec) Argv() ([]string, error) {
 			{"--decode-delay", sim.DecodeDelay != 0, sim.DecodeDelay.String()},
 			{"--request-log", sim.RequestLog != "", sim.RequestLog},
 			{"--crash-on-samples", len(sim.CrashOnSamples) > 0, joinLayers(sim.CrashOnSamples)},
-			{"--gen-reply-tokens", sim.GenReplyTokens != 0, strconv.Itoa(sim.GenReplyTokens)},
-			{"--gen-empty-every", sim.GenEmptyEvery != 0, strconv.Itoa(sim.GenEmptyEvery)},
-			{"--gen-think-every", sim.GenThinkEvery != 0, strconv.Itoa(sim.GenThinkEvery)},
-			{"--gen-context-length", sim.GenContextLength != 0, strconv.Itoa(sim.GenContextLength)},
+			{"--gen-reply-tokens", sim.ReplyTokens != 0, strconv.Itoa(sim.ReplyTokens)},
+			{"--gen-empty-every", sim.EmptyEvery != 0, strconv.Itoa(sim.EmptyEvery)},
+			{"--gen-think-every", sim.ThinkEvery != 0, strconv.Itoa(sim.ThinkEvery)},
+			{"--gen-context-length", sim.ContextLength != 0, strconv.Itoa(sim.ContextLength)},
 			{"--crash-on-rid", len(sim.CrashOnRID) > 0, strings.Join(sim.CrashOnRID, ",")},
 		} {
 			if f.set {

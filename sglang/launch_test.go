@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
@@ -18,7 +19,8 @@ func simSpec() LaunchSpec {
 	return LaunchSpec{
 		Kind: KindSimulator, Host: "127.0.0.1", Port: 31000, ModelPath: "sim/model", TPSize: 8,
 		Layers: []int{2, 30, 58}, ShmDir: "/dev/shm/sglang_hs",
-		Simulator: SimulatorSpec{Executable: "/usr/local/bin/extract", TokensPerSecond: 1500, HiddenSize: 7168, NumLayers: 61, StartupDelay: 2 * time.Second},
+		Simulator: SimulatorSpec{Executable: "/usr/local/bin/extract", NumLayers: 61,
+			Simulator: configs.Simulator{TokensPerSecond: 1500, HiddenSize: 7168, StartupDelay: 2 * time.Second}},
 	}
 }
 
@@ -136,9 +138,21 @@ func TestArgvRefusesSpecsThatBreakCapture(t *testing.T) {
 	}
 }
 
+// Every option reaches the simulate command: the argv Argv writes parses back, through
+// the command's own flags, into the same configs.Simulator.
 func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
 	s := simSpec()
-	s.Simulator.ExitAfter, s.Simulator.HangAfter, s.Simulator.Fail503Every, s.Simulator.LateDumpDelay = 1, 2, 3, time.Second
+	s.Simulator.Simulator = configs.Simulator{
+		TokensPerSecond: 1500.5, HiddenSize: 7168, StartupDelay: 2 * time.Second,
+		ExitAfter: 1, HangAfter: 2, Fail503Every: 3, CorruptEvery: 4,
+		LateDumpDelay: time.Second, DecodeDelay: 5 * time.Millisecond,
+		RequestLog: "/tmp/requests.log", CrashOnSamples: []int{6, 7},
+		ReplyTokens: 8, EmptyEvery: 9, ThinkEvery: 10, ContextLength: 11,
+		CrashOnRID: []string{"g000000012", "g000000013"},
+	}
+	if unset := zeroFields(reflect.ValueOf(s.Simulator.Simulator), ""); len(unset) > 0 {
+		t.Fatalf("the test leaves options %v unset: give each a value", unset)
+	}
 	argv, err := s.Argv()
 	if err != nil {
 		t.Fatal(err)
@@ -150,8 +164,7 @@ func TestSimulatorArgvParsesBackIntoTheSameConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := simulator.Config{Host: s.Host, Port: s.Port, ShmDir: s.ShmDir, Model: s.ModelPath, TPSize: s.TPSize,
-		HiddenSize: 7168, NumLayers: 61, Layers: s.Layers, TokensPerSecond: 1500, StartupDelay: 2 * time.Second,
-		HookVersion: simulator.DefaultHookVersion, ExitAfter: 1, HangAfter: 2, Fail503Every: 3, LateDumpDelay: time.Second}
+		NumLayers: 61, Layers: s.Layers, HookVersion: simulator.DefaultHookVersion, Simulator: s.Simulator.Simulator}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("parsed %+v\nwant   %+v", got, want)
 	}
@@ -261,4 +274,18 @@ func TestSGLangServerGetsTheShippedHookFirstOnPythonPath(t *testing.T) {
 	if !strings.Contains(dir, HookVersion()) {
 		t.Errorf("hook dir %s does not carry the hook version %s", dir, HookVersion())
 	}
+}
+
+// zeroFields names the fields of struct v (recursively) that hold their zero value.
+func zeroFields(v reflect.Value, prefix string) []string {
+	var out []string
+	for i := 0; i < v.NumField(); i++ {
+		f, name := v.Field(i), prefix+v.Type().Field(i).Name
+		if f.Kind() == reflect.Struct {
+			out = append(out, zeroFields(f, name+".")...)
+		} else if f.IsZero() {
+			out = append(out, name)
+		}
+	}
+	return out
 }

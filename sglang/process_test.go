@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
@@ -42,7 +43,7 @@ func simulatorSpec(t *testing.T) LaunchSpec {
 	return LaunchSpec{
 		Kind: KindSimulator, Host: "127.0.0.1", Port: freePort(t), ModelPath: "sim/model", TPSize: 1,
 		Layers: []int{2, 30, 58}, ShmDir: t.TempDir(), Env: map[string]string{"SIM_CHILD": "1"},
-		Simulator: SimulatorSpec{Executable: exe, HiddenSize: 16, NumLayers: 61},
+		Simulator: SimulatorSpec{Executable: exe, NumLayers: 61, Simulator: configs.Simulator{HiddenSize: 16}},
 	}
 }
 

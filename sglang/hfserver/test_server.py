@@ -110,9 +110,9 @@ class ServerTest(unittest.TestCase):
             time.sleep(0.1)
 
     @classmethod
-    def start(cls, port, layers, delay="0", extra=()):
+    def start(cls, port, layers, delay="0", extra=(), dtype="bfloat16"):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, HOOK]), HFSERVER_BACKEND="tinymodel:load", TINY_DELAY=delay,
-                   TINY_GATE=cls.gate)
+                   TINY_GATE=cls.gate, TINY_DTYPE=dtype)
         argv = [sys.executable, "-m", "extract_hfserver", "--model-path", "/models/tiny", "--port", str(port),
                 "--shm-dir", cls.shm, "--layers", ",".join(map(str, layers)),
                 "--max-batch-tokens", "64", "--max-batch-requests", "8", "--batch-wait", "0.05", *extra]
@@ -276,6 +276,41 @@ class ServerTest(unittest.TestCase):
             self.assertEqual(status, 400, body)
             self.assertTrue(answer["error"]["message"])
         self.assertFalse([n for n in os.listdir(self.shm) if n.startswith("s00000090")])
+
+    def test_a_float32_model_dumps_its_states_as_bfloat16(self):
+        # The device buffers are bfloat16 (the dump's dtype); a model loaded in float32
+        # once failed its warm-up forward on the final state's gather (index_select out=).
+        import tinymodel
+
+        port = free_port()
+        proc = self.start(port, self.LAYERS, dtype="float32")
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(base + "/health_generate", timeout=30) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.fail(f"float32 server did not start: {proc.stdout.read()}")
+                time.sleep(0.1)
+            rid, ids = "s000000900-a1", [5, 17, 250, 3, 9]
+            req = urllib.request.Request(base + "/generate", data=json.dumps({"rid": rid, "input_ids": ids, "sampling_params": {"max_new_tokens": 1}}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                self.assertEqual(r.status, 200)
+            header, t = read_dump(os.path.join(self.shm, rid + ".safetensors"))
+            self.assertEqual(header["hidden_state"]["dtype"], "BF16")
+            aux, final = tinymodel.expected(ids, self.LAYERS)
+            self.assertEqual(t["aux_hidden_state"], bf16_bytes(aux))
+            self.assertEqual(t["hidden_state"], bf16_bytes(final))
+        finally:
+            proc.kill()
+            proc.wait()
+            proc.stdout.close()
 
     def test_layers_beyond_the_model_are_refused_at_start_with_exit_3(self):
         proc = self.start(free_port(), (1, 2, 4))

@@ -13,7 +13,8 @@ computed from the attention mask, so padding that leaked would change it).
 TINY_LAYERS and TINY_HIDDEN set the shape (defaults 4 and 16). TINY_DELAY delays each
 forward by that many seconds, so that requests pile up into batches in the tests.
 TINY_GATE names a file: while it exists, every forward waits (a test holds requests in
-flight for as long as it needs, without guessing at timings).
+flight for as long as it needs, without guessing at timings). TINY_DTYPE is the
+states' dtype (default bfloat16; float32 stands for a model loaded in float32).
 """
 
 import os
@@ -26,11 +27,12 @@ class TinyLM(torch.nn.Module):
     def __init__(self, num_layers, hidden_size):
         super().__init__()
         self.num_layers, self.hidden_size = num_layers, hidden_size
+        self.dtype = getattr(torch, os.environ.get("TINY_DTYPE", "bfloat16"))
         self.register_buffer("cols", torch.arange(hidden_size, dtype=torch.int64))
 
     def forward(self, input_ids, attention_mask):
-        h = ((input_ids[..., None] + self.cols) % 64).to(torch.bfloat16)
-        step = (attention_mask.cumsum(-1) % 8)[..., None].to(torch.bfloat16)
+        h = ((input_ids[..., None] + self.cols) % 64).to(self.dtype)
+        step = (attention_mask.cumsum(-1) % 8)[..., None].to(self.dtype)
         states = [h]
         for _ in range(self.num_layers):
             h = h + step

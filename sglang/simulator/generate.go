@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/extract-dev/extract/configs"
 )
 
 // The simulator's generation contract, which outside checks compute on their own. A
@@ -27,16 +29,6 @@ import (
 // at every cut and its text and tokens agree.
 const replyAlphabet = "abcdefghijklmnopqrstuvwxyz ."
 
-// GenConfig shapes the replies.
-type GenConfig struct {
-	ReplyTokens int // most content bytes of a reply (default 24)
-	EmptyEvery  int // about one reply in EmptyEvery is empty (0: none)
-	ThinkEvery  int // about one reply in ThinkEvery carries a think marker (0: none)
-	// ContextLength refuses a longer prompt with 400, as SGLang refuses one past the
-	// model's context (0: no bound).
-	ContextLength int
-}
-
 // replyHash is h of the contract above.
 func replyHash(prompt []int64, seed int64) uint64 {
 	h := mix(uint64(seed) ^ golden)
@@ -48,7 +40,7 @@ func replyHash(prompt []int64, seed int64) uint64 {
 
 // ReplyContent is the reply's content text for prompt and seed, before <|im_end|> and
 // before any cut at max_new_tokens.
-func ReplyContent(prompt []int64, seed int64, g GenConfig) string {
+func ReplyContent(prompt []int64, seed int64, g configs.Simulator) string {
 	if g.ReplyTokens <= 0 {
 		g.ReplyTokens = 24
 	}
@@ -70,7 +62,7 @@ func ReplyContent(prompt []int64, seed int64, g GenConfig) string {
 }
 
 // Reply is the generated ids and the finish reason for prompt, seed and max_new_tokens.
-func Reply(prompt []int64, seed int64, maxNew int, g GenConfig) ([]int64, string) {
+func Reply(prompt []int64, seed int64, maxNew int, g configs.Simulator) ([]int64, string) {
 	ids := append(Tokenize(ReplyContent(prompt, seed, g)), ChatIMEnd)
 	if maxNew > 0 && len(ids) > maxNew {
 		return ids[:maxNew], "length"
@@ -115,14 +107,14 @@ func (s *Server) answerGeneration(w http.ResponseWriter, r *http.Request, req *g
 		s.log.Info("injected fault: a poison prompt kills the server", "rid", req.RID)
 		exitNow(3)
 	}
-	if c := s.cfg.Gen.ContextLength; c > 0 && len(ids) > c {
+	if c := s.cfg.ContextLength; c > 0 && len(ids) > c {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("The input (%d tokens) is longer than the model's context length (%d tokens).", len(ids), c))
 		return
 	}
 	if err := s.prefill(r.Context(), len(ids)); err != nil {
 		return
 	}
-	out, finish := Reply(ids, req.SamplingParams.Seed, req.SamplingParams.MaxNewTokens, s.cfg.Gen)
+	out, finish := Reply(ids, req.SamplingParams.Seed, req.SamplingParams.MaxNewTokens, s.cfg.Simulator)
 	if s.cfg.DecodeDelay > 0 {
 		if !sleepCtx(r.Context(), time.Duration(len(out))*s.cfg.DecodeDelay) {
 			return

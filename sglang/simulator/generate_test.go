@@ -16,12 +16,12 @@ import (
 
 func TestAGenerationRidGetsTheContractsReplyAndNoDump(t *testing.T) {
 	cfg := baseConfig(t)
-	cfg.Port, cfg.RequestLog, cfg.Gen = 0, filepath.Join(t.TempDir(), "requests.log"), simulator.GenConfig{ReplyTokens: 10}
+	cfg.Port, cfg.RequestLog, cfg.ReplyTokens = 0, filepath.Join(t.TempDir(), "requests.log"), 10
 	base, _ := start(t, cfg)
 	c := sglang.NewClient(base, sglang.ClientOptions{})
 	prompt := []int64{1, 120, 118, 104, 117, 13, 107, 108, 2, 13, 1, 100}
 	seed := int64(4)
-	full, finish := simulator.Reply(prompt, seed, 0, cfg.Gen)
+	full, finish := simulator.Reply(prompt, seed, 0, cfg.Simulator)
 	if finish != "stop" || full[len(full)-1] != simulator.ChatIMEnd || len(full) > 11 {
 		t.Fatalf("Reply without a bound: %v %s", full, finish)
 	}
@@ -30,8 +30,8 @@ func TestAGenerationRidGetsTheContractsReplyAndNoDump(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want, wantFinish := simulator.Reply(prompt, seed, maxNew, cfg.Gen)
-		text := simulator.ReplyContent(prompt, seed, cfg.Gen)
+		want, wantFinish := simulator.Reply(prompt, seed, maxNew, cfg.Simulator)
+		text := simulator.ReplyContent(prompt, seed, cfg.Simulator)
 		if wantFinish == "length" {
 			text = text[:maxNew]
 		}
@@ -50,11 +50,11 @@ func TestAGenerationRidGetsTheContractsReplyAndNoDump(t *testing.T) {
 	}
 	// Another seed, another reply; a prompt past the context length is refused.
 	other := seed + 1
-	if a, b := simulator.ReplyContent(prompt, seed, cfg.Gen), simulator.ReplyContent(prompt, other, cfg.Gen); a == b {
+	if a, b := simulator.ReplyContent(prompt, seed, cfg.Simulator), simulator.ReplyContent(prompt, other, cfg.Simulator); a == b {
 		t.Fatalf("seeds %d and %d give the same reply %q", seed, other, a)
 	}
 	cfg2 := baseConfig(t)
-	cfg2.Gen.ContextLength = 5
+	cfg2.ContextLength = 5
 	base2, _ := start(t, cfg2)
 	_, err := sglang.NewClient(base2, sglang.ClientOptions{}).Sample(context.Background(), sglang.SampleRequest{RID: "g1", InputIDs: prompt, Params: sglang.SampleParams{MaxNewTokens: 4}})
 	var se *sglang.StatusError

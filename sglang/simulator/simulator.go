@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/extract-dev/extract/configs"
 )
 
 // ReadyMessage is what SGLang logs once it serves; operators and scripts grep for it.
@@ -26,7 +28,8 @@ const ReadyMessage = "The server is fired up and ready to roll!"
 // DefaultHookVersion is reported in every dump's metadata when Config.HookVersion is empty.
 const DefaultHookVersion = "sim-1"
 
-// Config describes one simulated server. Its flags (BindFlags) are what
+// Config describes one simulated server: where it listens and writes, the model it
+// claims to be, and the job's server.simulator options. Its flags (BindFlags) are what
 // sglang.LaunchSpec.Argv emits for server kind "simulator".
 type Config struct {
 	Host string
@@ -34,49 +37,14 @@ type Config struct {
 	Port   int
 	ShmDir string
 	// Model is reported as model_path.
-	Model      string
-	TPSize     int
-	HiddenSize int
+	Model  string
+	TPSize int
 	// NumLayers is the model's depth; the final hidden state is tagged with layer id NumLayers.
 	NumLayers int
 	// Layers is the effective layers_to_capture, three ids below NumLayers.
-	Layers []int
-	// TokensPerSecond is one prefill rate shared by all requests, like one GPU queue;
-	// 0 runs as fast as it can.
-	TokensPerSecond float64
-	// StartupDelay is how long /health_generate and /generate answer 503, like a model loading.
-	StartupDelay time.Duration
-	HookVersion  string
-
-	// ExitAfter makes the process exit with status 3 after that many completed requests.
-	ExitAfter int
-	// HangAfter makes /generate and /health_generate block after that many completed
-	// requests, like a stuck scheduler behind a live HTTP frontend.
-	HangAfter int
-	// Fail503Every answers every Nth /generate with 503 before doing any work.
-	Fail503Every int
-	// CorruptEvery writes every Nth dump with input_ids that differ from the request's,
-	// as a server that tokenized or cached wrongly would.
-	CorruptEvery int
-	// LateDumpDelay writes each dump this long after the response, like a slow hook.
-	LateDumpDelay time.Duration
-	// DecodeDelay is the time to generate each token after the first: the answer comes
-	// (max_new_tokens − 1) × DecodeDelay after the dump, as SGLang's hook dumps at the
-	// end of the prefill and answers after decoding.
-	DecodeDelay time.Duration
-	// RequestLog, when set, is a file that gets one line per /generate received ("rid port
-	// open", open being the requests under way with this one), appended across restarts:
-	// tests count the work the server was asked to do, and how much of it at once.
-	RequestLog string
-	// CrashOnSamples makes the process exit with status 3 as soon as a request for one
-	// of these samples (by its rid, s<sample>-a<attempt>) arrives: a prompt that kills
-	// the server, and every request in flight with it, as a batch holding it would.
-	CrashOnSamples []int
-	// Gen shapes the replies to extract generate's requests (generate.go).
-	Gen GenConfig
-	// CrashOnRID makes the process exit (status 3) when a generation request whose rid
-	// starts with one of these arrives: a prompt that kills the server every time.
-	CrashOnRID []string
+	Layers      []int
+	HookVersion string
+	configs.Simulator
 }
 
 // BindFlags registers one flag per field, with the names sglang.LaunchSpec.Argv uses.
@@ -100,10 +68,10 @@ func (c *Config) BindFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&c.DecodeDelay, "decode-delay", 0, "time per generated token after the first, between the dump and the answer")
 	fs.StringVar(&c.RequestLog, "request-log", "", "append \"rid port open\" of every /generate received to this file")
 	fs.IntSliceVar(&c.CrashOnSamples, "crash-on-samples", nil, "fault: exit with status 3 when a request for one of these samples arrives")
-	fs.IntVar(&c.Gen.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
-	fs.IntVar(&c.Gen.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
-	fs.IntVar(&c.Gen.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
-	fs.IntVar(&c.Gen.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
+	fs.IntVar(&c.ReplyTokens, "gen-reply-tokens", 0, "most content bytes of a generated reply (0: 24)")
+	fs.IntVar(&c.EmptyEvery, "gen-empty-every", 0, "about one generated reply in N is empty")
+	fs.IntVar(&c.ThinkEvery, "gen-think-every", 0, "about one generated reply in N carries a think marker")
+	fs.IntVar(&c.ContextLength, "gen-context-length", 0, "refuse a generation prompt longer than this with 400 (0: no bound)")
 	fs.StringSliceVar(&c.CrashOnRID, "crash-on-rid", nil, "fault: exit with status 3 when a generation rid with this prefix arrives")
 }
 
@@ -141,7 +109,7 @@ func (c *Config) normalize() error {
 			bad = append(bad, fmt.Sprintf("layer %d outside 0..%d", l, c.NumLayers-1))
 		}
 	}
-	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.Gen.ReplyTokens < 0 || c.Gen.EmptyEvery < 0 || c.Gen.ThinkEvery < 0 || c.Gen.ContextLength < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
+	if c.TokensPerSecond < 0 || c.TPSize < 0 || c.ExitAfter < 0 || c.HangAfter < 0 || c.Fail503Every < 0 || c.CorruptEvery < 0 || c.ReplyTokens < 0 || c.EmptyEvery < 0 || c.ThinkEvery < 0 || c.ContextLength < 0 || c.StartupDelay < 0 || c.LateDumpDelay < 0 || c.DecodeDelay < 0 {
 		bad = append(bad, "rates, counts and delays must not be negative")
 	}
 	if len(bad) > 0 {

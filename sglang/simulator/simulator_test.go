@@ -26,6 +26,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"github.com/spf13/pflag"
 
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/safetensors"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
@@ -77,7 +78,7 @@ func (b *logBuffer) String() string {
 func baseConfig(t *testing.T) simulator.Config {
 	return simulator.Config{
 		Host: "127.0.0.1", ShmDir: t.TempDir(), Model: "sim/model", TPSize: 8,
-		HiddenSize: 16, NumLayers: 61, Layers: []int{2, 30, 58},
+		NumLayers: 61, Layers: []int{2, 30, 58}, Simulator: configs.Simulator{HiddenSize: 16},
 	}
 }
 
@@ -627,9 +628,10 @@ func TestFlagsMapOneToOneOntoConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := simulator.Config{Host: "0.0.0.0", Port: 31000, ShmDir: "/s", Model: "m", TPSize: 8, HiddenSize: 7168,
-		NumLayers: 61, Layers: []int{2, 30, 58}, TokensPerSecond: 1500.5, StartupDelay: 2 * time.Second,
-		HookVersion: "h", ExitAfter: 1, HangAfter: 2, Fail503Every: 3, LateDumpDelay: 4 * time.Second}
+	want := simulator.Config{Host: "0.0.0.0", Port: 31000, ShmDir: "/s", Model: "m", TPSize: 8,
+		NumLayers: 61, Layers: []int{2, 30, 58}, HookVersion: "h", Simulator: configs.Simulator{
+			HiddenSize: 7168, TokensPerSecond: 1500.5, StartupDelay: 2 * time.Second,
+			ExitAfter: 1, HangAfter: 2, Fail503Every: 3, LateDumpDelay: 4 * time.Second}}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("parsed %+v\nwant   %+v", cfg, want)
 	}

@@ -24,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -419,7 +420,12 @@ func (t *tailBuffer) Write(b []byte) (int, error) {
 		if i < 0 {
 			break
 		}
-		t.log.Debug("prepare worker", "worker", t.worker, "stderr", string(t.part[:i]))
+		line := string(t.part[:i])
+		if stats, ok := strings.CutPrefix(line, "extract-prepare: worker stats "); ok {
+			t.log.Info("prepare worker stats", "worker", t.worker, "stats", stats)
+		} else {
+			t.log.Debug("prepare worker", "worker", t.worker, "stderr", line)
+		}
 		t.part = t.part[i+1:]
 	}
 	if len(t.part) > t.max {

@@ -198,7 +198,10 @@ class Engine:
         rows = rows.to(dev, non_blocking=True)
         for j, c in enumerate(captured):
             aux[:, j * h : (j + 1) * h] = c.to(dev).reshape(-1, h).index_select(0, rows)
-        torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
+        if final.dtype == fin.dtype:
+            torch.index_select(final.reshape(-1, h), 0, rows, out=fin)
+        else:  # a float32 (or float16) model: dumps are bfloat16, out= does not convert
+            fin.copy_(final.reshape(-1, h).index_select(0, rows))
         del captured, final, aux, fin
         t = time.monotonic()
         self.pipeline.submit(flat, n, batch, spans(lengths), self._write, lambda: None)

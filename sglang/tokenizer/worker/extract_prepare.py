@@ -33,7 +33,10 @@ import hashlib
 import json
 import os
 import sys
+import time
 from datetime import datetime
+
+BOOT = time.monotonic()
 
 PROTOCOL = "1"
 
@@ -375,8 +378,14 @@ def main():
         reply({"error": f"{type(e).__name__}: {e}"})
         return 1
     reply(worker.ready())
+    # Where a worker's time went, one stderr line at the end (extract logs it): busy in
+    # requests, or waiting for the next one (the orchestrator's side is then the limit).
+    started, busy, convs, first = time.monotonic(), 0.0, 0, None
     for line in sys.stdin:
+        t = time.monotonic()
+        first = t if first is None else first
         req = json.loads(line)
+        convs += len(req.get("convs") or ())
         if req["op"] == "encode":
             reply({"results": worker.encode_batch(req["convs"])})
         elif req["op"] == "render_text":
@@ -387,6 +396,11 @@ def main():
             reply({"pieces": worker.pieces(req["ids"])})
         else:
             reply({"error": f"unknown op {req['op']!r}"})
+        busy += time.monotonic() - t
+    end = time.monotonic()
+    print("extract-prepare: worker stats " + json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
+          "idle_s": round(end - (first or end) - busy, 3), "waiting_for_first_s": round((first or end) - started, 3),
+          "conversations": convs}), file=sys.stderr)
     return 0
 
 
