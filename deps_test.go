@@ -51,8 +51,8 @@ func listPackages(t *testing.T) map[string]goPackage {
 // within reports whether path is pkg or a package below it.
 func within(path, pkg string) bool { return path == pkg || strings.HasPrefix(path, pkg+"/") }
 
-// TestPackagesKeepTheirBoundaries holds the layering of docs/design.md: the server side
-// and the index know nothing of the coordinator or of each other, and orchestrator
+// TestPackagesKeepTheirBoundaries holds the layering of docs/design.md: the dataset, the
+// server side and the index know nothing of the coordinator or of each other, and orchestrator
 // composes the server's facts instead of asking NVML itself.
 func TestPackagesKeepTheirBoundaries(t *testing.T) {
 	pkgs := listPackages(t)
@@ -63,12 +63,14 @@ func TestPackagesKeepTheirBoundaries(t *testing.T) {
 		direct bool // only the package's own imports count, not what they import
 		why    string
 	}{
-		{m("sglang"), []string{m("checkpoint"), m("orchestrator")}, false, "the server side knows nothing of the index or the run loop"},
-		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator")}, false, "the simulator stands in for the server and knows no more than it"},
+		{m("dataset"), []string{m("orchestrator"), m("doctor"), m("sglang"), m("shm"), m("checkpoint")}, false, "the dataset is read first: it knows nothing of the pipeline that consumes it"},
+		{m("sglang"), []string{m("checkpoint"), m("orchestrator"), m("doctor")}, false, "the server side knows nothing of the index or the run loop"},
+		{m("sglang/simulator"), []string{m("checkpoint"), m("orchestrator"), m("doctor")}, false, "the simulator stands in for the server and knows no more than it"},
 		{m("orchestrator"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; orchestrator only judges them"},
-		{m("checkpoint"), []string{m("orchestrator"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
-		{m("configs"), []string{m("orchestrator"), m("checkpoint"), m("shm"), m("sglang")}, false, "every layer reads the config, so it reads none of them (the simulator embeds configs.Simulator, not the other way)"},
-		{m("shm"), []string{m("orchestrator"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
+		{m("doctor"), []string{"github.com/NVIDIA/go-nvml"}, true, "GPU facts come from sglang; doctor only judges them"},
+		{m("checkpoint"), []string{m("orchestrator"), m("doctor"), m("sglang")}, false, "the index and the output layout are readable without the run loop or the server"},
+		{m("configs"), []string{m("orchestrator"), m("doctor"), m("dataset"), m("checkpoint"), m("shm"), m("sglang")}, false, "every layer reads the config, so it reads none of them (the simulator embeds configs.Simulator, not the other way)"},
+		{m("shm"), []string{m("orchestrator"), m("doctor"), m("checkpoint"), m("sglang")}, false, "the staging dir is a leaf the pipeline builds on"},
 		{m("internal/history"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "the history is records and a file: readable without the pipeline"},
 		{m("internal/report"), []string{m("orchestrator"), m("checkpoint"), m("sglang"), m("shm")}, false, "drawing a report needs the history and the facts it is given, nothing else"},
 	} {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 	"github.com/extract-dev/extract/sglang/tokenizer"
 )
@@ -47,7 +49,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	}
 	conv, err := prepare.IsConversations(cfg)
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+		return "", fmt.Errorf("%w: %w", dataset.ErrBad, err)
 	}
 	if !conv {
 		return cfg.Dataset, nil
@@ -55,7 +57,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	if err := checkConversationJob(cfg); err != nil {
 		return "", err
 	}
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return "", err
 	}
 	lock, err := acquireStageLock(cfg)
@@ -91,7 +93,7 @@ func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (strin
 	case errors.Is(err, prepare.ErrChanged):
 		return "", fmt.Errorf("%w: %v: resuming would mix samples made by two tokenizations", ErrRefused, err)
 	case errors.Is(err, prepare.ErrBadInput):
-		return "", fmt.Errorf("%w: %w", ErrBadDataset, err)
+		return "", fmt.Errorf("%w: %w", dataset.ErrBad, err)
 	case err != nil:
 		return "", err
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"testing"
 
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -18,13 +19,13 @@ func TestDoctorFailsWhenTheStatusPortIsTakenNamingWho(t *testing.T) {
 	}
 	defer ln.Close()
 	cfg.Status.Listen = ln.Addr().String()
-	rep := runDoctor(t, cfg, DoctorOptions{})
-	c := wantCheck(t, rep, "status port", CheckFail, ln.Addr().String()+" is taken by "+fmt.Sprintf("pid %d (", os.Getpid()), "which extract did not start")
+	rep := runDoctor(t, cfg, doctor.Options{})
+	c := wantCheck(t, rep, "status port", doctor.CheckFail, ln.Addr().String()+" is taken by "+fmt.Sprintf("pid %d (", os.Getpid()), "which extract did not start")
 	if rep.OK || c.Fix == "" {
 		t.Errorf("report OK %v, fix %q; want a failed check with a fix", rep.OK, c.Fix)
 	}
 	ln.Close()
-	wantCheck(t, runDoctor(t, cfg, DoctorOptions{}), "status port", CheckOK, "is free")
+	wantCheck(t, runDoctor(t, cfg, doctor.Options{}), "status port", doctor.CheckOK, "is free")
 	cfg.Status.Listen = "127.0.0.1:0"
-	wantCheck(t, runDoctor(t, cfg, DoctorOptions{}), "status port", CheckOK, "a free port is picked at start")
+	wantCheck(t, runDoctor(t, cfg, doctor.Options{}), "status port", doctor.CheckOK, "a free port is picked at start")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -54,20 +55,20 @@ func TestDoctorWithTwoReplicasOfTP4ChecksBothGPUSetsAndNamesAForeignProcessOnGPU
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{5: {{Pid: uint32(pid), UsedGpuMemory: 40 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(node)})
 
 	if rep.OK {
 		t.Fatalf("report OK with a foreign process on GPU 5:\n%s", reportJSON(rep))
 	}
-	wantCheck(t, rep, "gpu", CheckOK, "the job wants 0,1,2,3,4,5,6,7")
+	wantCheck(t, rep, "gpu", doctor.CheckOK, "the job wants 0,1,2,3,4,5,6,7")
 	for i := range 8 {
 		if i != 5 {
-			wantCheck(t, rep, fmt.Sprintf("gpu %d", i), CheckOK, "no processes")
+			wantCheck(t, rep, fmt.Sprintf("gpu %d", i), doctor.CheckOK, "no processes")
 		}
 	}
-	wantCheck(t, rep, "gpu 5", CheckFail, fmt.Sprintf("pid %d (sleep 60)", pid), "not our server")
-	wantCheck(t, rep, "replica 0", CheckOK, "GPUs 0,1,2,3", fmt.Sprintf("port %d", cfg.Server.Port))
-	wantCheck(t, rep, "replica 1", CheckFail, "GPUs 4,5,6,7", fmt.Sprintf("gpu 5 held by pid %d (sleep 60)", pid), fmt.Sprintf("port %d free", cfg.Server.Port+1))
+	wantCheck(t, rep, "gpu 5", doctor.CheckFail, fmt.Sprintf("pid %d (sleep 60)", pid), "not our server")
+	wantCheck(t, rep, "replica 0", doctor.CheckOK, "GPUs 0,1,2,3", fmt.Sprintf("port %d", cfg.Server.Port))
+	wantCheck(t, rep, "replica 1", doctor.CheckFail, "GPUs 4,5,6,7", fmt.Sprintf("gpu 5 held by pid %d (sleep 60)", pid), fmt.Sprintf("port %d free", cfg.Server.Port+1))
 	var failed []string
 	for _, c := range rep.Failed() {
 		failed = append(failed, c.Name)
@@ -88,18 +89,18 @@ func TestDoctorNamesAStrangerOnASecondReplicasPort(t *testing.T) {
 	// A dump a crashed run left in replica 1's staging dir is reported on its line.
 	mustWriteFile(t, filepath.Join(cfg.ShmDir, "r1", "s000000002-a1.safetensors"), "dump")
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 
-	wantCheck(t, rep, "port", CheckOK)
-	wantCheck(t, rep, "replica 1", CheckOK, "GPUs 2,3", fmt.Sprintf("port %d free", cfg.Server.Port+1), "staging "+filepath.Join(cfg.ShmDir, "r1"), "1 complete dump(s)")
-	wantCheck(t, rep, "replica 2", CheckFail, "GPUs 4,5", fmt.Sprintf("port %d is taken by pid %d", cfg.Server.Port+2, os.Getpid()))
+	wantCheck(t, rep, "port", doctor.CheckOK)
+	wantCheck(t, rep, "replica 1", doctor.CheckOK, "GPUs 2,3", fmt.Sprintf("port %d free", cfg.Server.Port+1), "staging "+filepath.Join(cfg.ShmDir, "r1"), "1 complete dump(s)")
+	wantCheck(t, rep, "replica 2", doctor.CheckFail, "GPUs 4,5", fmt.Sprintf("port %d is taken by pid %d", cfg.Server.Port+2, os.Getpid()))
 }
 
 func TestMoreReplicasTimesTPSizeThanTheNodeHasGPUsIsRefusedNamingTheNumbers(t *testing.T) {
 	cfg := replicaConfig(t, 3, 4)
 	node := sglang.NewGPUInspector(h200Node(nil))
 
-	err := checkReplicaFit(cfg, node)
+	err := doctor.CheckReplicaFit(cfg, node)
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("checkReplicaFit = %v; want ErrRefused (exit 2)", err)
 	}
@@ -108,12 +109,12 @@ func TestMoreReplicasTimesTPSizeThanTheNodeHasGPUsIsRefusedNamingTheNumbers(t *t
 			t.Errorf("%q lacks %q", err, want)
 		}
 	}
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: node})
-	wantCheck(t, rep, "replicas", CheckFail, "server.replicas 3 × server.tp_size 4 needs 12 GPUs; NVML sees 8")
-	wantCheck(t, rep, "replica 2", CheckFail, "GPUs 8,9,10,11", "gpu 8 is missing")
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: node})
+	wantCheck(t, rep, "replicas", doctor.CheckFail, "server.replicas 3 × server.tp_size 4 needs 12 GPUs; NVML sees 8")
+	wantCheck(t, rep, "replica 2", doctor.CheckFail, "GPUs 8,9,10,11", "gpu 8 is missing")
 
 	cfg.Server.Replicas = 2
-	if err := checkReplicaFit(cfg, node); err != nil {
+	if err := doctor.CheckReplicaFit(cfg, node); err != nil {
 		t.Errorf("2 × 4 on 8 GPUs refused: %v", err)
 	}
 }

@@ -20,6 +20,8 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/sglang/sglangtest"
@@ -147,7 +149,7 @@ func startSleep(t *testing.T, env ...string) int {
 	return cmd.Process.Pid
 }
 
-func runDoctor(t *testing.T, cfg *configs.Config, opt DoctorOptions) DoctorReport {
+func runDoctor(t *testing.T, cfg *configs.Config, opt doctor.Options) doctor.Report {
 	t.Helper()
 	rep, err := Doctor(context.Background(), cfg, opt)
 	if err != nil {
@@ -157,7 +159,7 @@ func runDoctor(t *testing.T, cfg *configs.Config, opt DoctorOptions) DoctorRepor
 }
 
 // check returns the named check, failing the test (with the whole report) without it.
-func findCheck(t *testing.T, rep DoctorReport, name string) Check {
+func findCheck(t *testing.T, rep doctor.Report, name string) doctor.Check {
 	t.Helper()
 	for _, c := range rep.Checks {
 		if c.Name == name {
@@ -165,15 +167,15 @@ func findCheck(t *testing.T, rep DoctorReport, name string) Check {
 		}
 	}
 	t.Fatalf("no check %q in %s", name, reportJSON(rep))
-	return Check{}
+	return doctor.Check{}
 }
 
-func reportJSON(rep DoctorReport) string {
+func reportJSON(rep doctor.Report) string {
 	b, _ := json.MarshalIndent(rep, "", "  ")
 	return string(b)
 }
 
-func wantCheck(t *testing.T, rep DoctorReport, name, status string, reasonHas ...string) Check {
+func wantCheck(t *testing.T, rep doctor.Report, name, status string, reasonHas ...string) doctor.Check {
 	t.Helper()
 	c := findCheck(t, rep, name)
 	if c.Status != status {
@@ -194,7 +196,7 @@ func TestDoctorFailsNamingTheForeignProcessOnGPU3AndHowToStopIt(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(node)})
 
 	if rep.OK {
 		t.Fatalf("report OK with a foreign process on GPU 3:\n%s", reportJSON(rep))
@@ -202,13 +204,13 @@ func TestDoctorFailsNamingTheForeignProcessOnGPU3AndHowToStopIt(t *testing.T) {
 	if failed := rep.Failed(); len(failed) != 1 || failed[0].Name != "gpu 3" {
 		t.Fatalf("failed checks = %+v; want only gpu 3\n%s", failed, reportJSON(rep))
 	}
-	c := wantCheck(t, rep, "gpu 3", CheckFail, fmt.Sprintf("pid %d (sleep 60)", pid), "75.0 GiB", "not our server", "NVIDIA H200")
+	c := wantCheck(t, rep, "gpu 3", doctor.CheckFail, fmt.Sprintf("pid %d (sleep 60)", pid), "75.0 GiB", "not our server", "NVIDIA H200")
 	if !strings.Contains(c.Fix, fmt.Sprintf("kill %d", pid)) {
 		t.Errorf("fix %q does not say how to stop pid %d", c.Fix, pid)
 	}
-	wantCheck(t, rep, "gpu", CheckOK, "8 GPU(s)", "driver 550.54.15")
+	wantCheck(t, rep, "gpu", doctor.CheckOK, "8 GPU(s)", "driver 550.54.15")
 	for _, i := range []int{0, 1, 2, 4, 5, 6, 7} {
-		wantCheck(t, rep, fmt.Sprintf("gpu %d", i), CheckOK, "no processes")
+		wantCheck(t, rep, fmt.Sprintf("gpu %d", i), doctor.CheckOK, "no processes")
 	}
 	if err := rep.Err(); !errors.Is(err, ErrPreflight) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", pid)) {
 		t.Errorf("Err() = %v; want ErrPreflight naming pid %d", err, pid)
@@ -230,12 +232,12 @@ func TestDoctorAcceptsOurOwnServerOnTheGPUs(t *testing.T) {
 		holders[i] = []nvml.ProcessInfo{{Pid: uint32(pid), UsedGpuMemory: 120 * gpuGiB}}
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(holders))})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(holders))})
 
 	if !rep.OK {
 		t.Fatalf("our own server on the GPUs fails the report:\n%s", reportJSON(rep))
 	}
-	wantCheck(t, rep, "gpu 3", CheckOK, fmt.Sprintf("held by our server (pid %d)", pid), "120.0 GiB")
+	wantCheck(t, rep, "gpu 3", doctor.CheckOK, fmt.Sprintf("held by our server (pid %d)", pid), "120.0 GiB")
 }
 
 func TestDoctorWithoutNVMLFailsOnlyWhenTheJobNeedsGPUs(t *testing.T) {
@@ -245,13 +247,13 @@ func TestDoctorWithoutNVMLFailsOnlyWhenTheJobNeedsGPUs(t *testing.T) {
 	for _, tc := range []struct {
 		kind, status, reason string
 	}{
-		{sglang.KindSGLang, CheckFail, "NVML unavailable: "},
-		{sglang.KindSimulator, CheckOK, "none needed"},
+		{sglang.KindSGLang, doctor.CheckFail, "NVML unavailable: "},
+		{sglang.KindSimulator, doctor.CheckOK, "none needed"},
 	} {
 		t.Run(tc.kind, func(t *testing.T) {
-			rep := runDoctor(t, doctorConfig(t, tc.kind, tokenLines(4, 10)), DoctorOptions{})
+			rep := runDoctor(t, doctorConfig(t, tc.kind, tokenLines(4, 10)), doctor.Options{})
 			c := wantCheck(t, rep, "gpu", tc.status, tc.reason)
-			if rep.OK != (tc.status != CheckFail) {
+			if rep.OK != (tc.status != doctor.CheckFail) {
 				t.Errorf("report OK = %v with gpu %s:\n%s", rep.OK, c.Status, reportJSON(rep))
 			}
 		})
@@ -277,7 +279,7 @@ func mountSmallDisk(t *testing.T, size string) string {
 // with an output file of 100 bytes.
 func indexJob(t *testing.T, cfg *configs.Config, done []int) {
 	t.Helper()
-	ds, err := OpenDataset(cfg.Dataset)
+	ds, err := dataset.Open(cfg.Dataset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -314,12 +316,12 @@ func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
 		status    string
 		reason    string
 	}{
-		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: CheckOK, reason: "(1000 tokens × 528 bytes) need 515.6 KiB"},
-		{name: "the rest of the job does not fit", dataset: big, whenShort: "refuse", status: CheckFail, reason: "the 40 remaining samples (20000 tokens × 528 bytes) need 10.1 MiB"},
-		{name: "disk.when_short warn: admission pauses at the reserve", dataset: big, whenShort: "warn", status: CheckWarn, reason: "the run pauses at the reserve"},
-		{name: "done samples need no room", dataset: big, done: samplesRange(0, 30), status: CheckOK, reason: "the 10 remaining samples"},
-		{name: "text samples are counted as an upper bound", dataset: strings.Repeat(`{"text":"`+strings.Repeat("a", 500)+`"}`+"\n", 40), status: CheckWarn, reason: "upper bound: 40 text samples"},
-		{name: "no room for even the next sample", dataset: tokenLines(10, 100), reserve: 8 << 20, whenShort: "warn", status: CheckFail, reason: "not even the next sample"},
+		{name: "the rest of the job fits", dataset: tokenLines(10, 100), status: doctor.CheckOK, reason: "(1000 tokens × 528 bytes) need 515.6 KiB"},
+		{name: "the rest of the job does not fit", dataset: big, whenShort: "refuse", status: doctor.CheckFail, reason: "the 40 remaining samples (20000 tokens × 528 bytes) need 10.1 MiB"},
+		{name: "disk.when_short warn: admission pauses at the reserve", dataset: big, whenShort: "warn", status: doctor.CheckWarn, reason: "the run pauses at the reserve"},
+		{name: "done samples need no room", dataset: big, done: samplesRange(0, 30), status: doctor.CheckOK, reason: "the 10 remaining samples"},
+		{name: "text samples are counted as an upper bound", dataset: strings.Repeat(`{"text":"`+strings.Repeat("a", 500)+`"}`+"\n", 40), status: doctor.CheckWarn, reason: "upper bound: 40 text samples"},
+		{name: "no room for even the next sample", dataset: tokenLines(10, 100), reserve: 8 << 20, whenShort: "warn", status: doctor.CheckFail, reason: "not even the next sample"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := doctorConfig(t, sglang.KindSimulator, tc.dataset)
@@ -336,13 +338,13 @@ func TestDoctorWeighsTheRemainingSamplesAgainstFreeSpace(t *testing.T) {
 			if tc.whenShort != "" {
 				cfg.Disk.WhenShort = tc.whenShort
 			}
-			rep := runDoctor(t, cfg, DoctorOptions{})
+			rep := runDoctor(t, cfg, doctor.Options{})
 
 			c := wantCheck(t, rep, "disk", tc.status, tc.reason)
-			if c.Status != CheckOK && !strings.Contains(c.Fix, "free ") {
+			if c.Status != doctor.CheckOK && !strings.Contains(c.Fix, "free ") {
 				t.Errorf("fix %q does not say how much to free", c.Fix)
 			}
-			if rep.OK != (tc.status != CheckFail) {
+			if rep.OK != (tc.status != doctor.CheckFail) {
 				t.Errorf("report OK = %v with disk %s:\n%s", rep.OK, c.Status, reportJSON(rep))
 			}
 		})
@@ -368,20 +370,20 @@ func TestDoctorFlagsOutputThatARebootWouldWipe(t *testing.T) {
 	for _, tc := range []struct {
 		name, dir, status, reason string
 	}{
-		{"under /tmp", filepath.Join(t.TempDir(), "out"), CheckWarn, "is under /tmp: lost on reboot"},
-		{"on tmpfs", filepath.Join(doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1)).ShmDir, "out"), CheckWarn, "is on tmpfs: lost on reboot"},
-		{"on a durable disk", filepath.Join(durable, "out"), CheckOK, "does not exist yet; the run creates it in " + durable},
-		{"below a file", filepath.Join(notAFolder, "out"), CheckFail, "is not a folder"},
+		{"under /tmp", filepath.Join(t.TempDir(), "out"), doctor.CheckWarn, "is under /tmp: lost on reboot"},
+		{"on tmpfs", filepath.Join(doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1)).ShmDir, "out"), doctor.CheckWarn, "is on tmpfs: lost on reboot"},
+		{"on a durable disk", filepath.Join(durable, "out"), doctor.CheckOK, "does not exist yet; the run creates it in " + durable},
+		{"below a file", filepath.Join(notAFolder, "out"), doctor.CheckFail, "is not a folder"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if fs, err := os.Stat(durable); tc.name == "on a durable disk" && (err != nil || !fs.IsDir() || volatile(durable) != "") {
+			if fs, err := os.Stat(durable); tc.name == "on a durable disk" && (err != nil || !fs.IsDir() || doctor.Volatile(durable) != "") {
 				t.Skip("/var/tmp is not on a durable disk here")
 			}
 			cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
 			cfg.OutputDir = tc.dir
-			rep := runDoctor(t, cfg, DoctorOptions{})
+			rep := runDoctor(t, cfg, doctor.Options{})
 			c := wantCheck(t, rep, "output", tc.status, tc.reason)
-			if c.Status == CheckWarn && !strings.Contains(c.Fix, "output_dir") {
+			if c.Status == doctor.CheckWarn && !strings.Contains(c.Fix, "output_dir") {
 				t.Errorf("fix %q does not name output_dir", c.Fix)
 			}
 		})
@@ -410,9 +412,9 @@ func TestDoctorCountsStagingLeftoversToAdoptAndToDiscard(t *testing.T) {
 		mustWriteFile(t, filepath.Join(cfg.ShmDir, name), strings.Repeat("x", size))
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
+	rep := runDoctor(t, cfg, doctor.Options{})
 
-	wantCheck(t, rep, "staging", CheckOK, "2 complete dump(s), 500 B: 1 to adopt, 1 stale (removed by the run)",
+	wantCheck(t, rep, "staging", doctor.CheckOK, "2 complete dump(s), 500 B: 1 to adopt, 1 stale (removed by the run)",
 		"1 partial dump(s), 50 B, discarded", "1 other file(s), ignored")
 }
 
@@ -420,8 +422,8 @@ func TestDoctorIndexStatCheckFindsMissingAndTruncatedOutputs(t *testing.T) {
 	cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(10, 10))
 	indexJob(t, cfg, samplesRange(0, 10))
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
-	wantCheck(t, rep, "index", CheckOK, "10 of 10 samples done", "10 of 10 done files checked by stat: all present")
+	rep := runDoctor(t, cfg, doctor.Options{})
+	wantCheck(t, rep, "index", doctor.CheckOK, "10 of 10 samples done", "10 of 10 done files checked by stat: all present")
 
 	if err := os.Remove(checkpoint.OutputPath(cfg.OutputDir, 4)); err != nil {
 		t.Fatal(err)
@@ -429,8 +431,8 @@ func TestDoctorIndexStatCheckFindsMissingAndTruncatedOutputs(t *testing.T) {
 	if err := os.Truncate(checkpoint.OutputPath(cfg.OutputDir, 7), 10); err != nil {
 		t.Fatal(err)
 	}
-	rep = runDoctor(t, cfg, DoctorOptions{})
-	c := wantCheck(t, rep, "index", CheckFail, "2 of 10 sampled done files", "sample 4: "+checkpoint.OutputPath(cfg.OutputDir, 4)+" missing", "sample 7:", "is 10 bytes, the index recorded 100")
+	rep = runDoctor(t, cfg, doctor.Options{})
+	c := wantCheck(t, rep, "index", doctor.CheckFail, "2 of 10 sampled done files", "sample 4: "+checkpoint.OutputPath(cfg.OutputDir, 4)+" missing", "sample 7:", "is 10 bytes, the index recorded 100")
 	if !strings.Contains(c.Fix, "extract verify --repair") {
 		t.Errorf("fix %q does not point at verify --repair", c.Fix)
 	}
@@ -452,13 +454,13 @@ func TestDoctorNeverOpensTheIndexWhileARunHoldsTheLock(t *testing.T) {
 	defer ix.Close()
 
 	start := time.Now()
-	rep := runDoctor(t, cfg, DoctorOptions{})
+	rep := runDoctor(t, cfg, doctor.Options{})
 
-	wantCheck(t, rep, "index", CheckWarn, fmt.Sprintf("a run is in progress (pid %d)", os.Getpid()))
+	wantCheck(t, rep, "index", doctor.CheckWarn, fmt.Sprintf("a run is in progress (pid %d)", os.Getpid()))
 	if !rep.OK || rep.RunningPID != os.Getpid() {
 		t.Errorf("report OK %v, running pid %d; want OK naming pid %d:\n%s", rep.OK, rep.RunningPID, os.Getpid(), reportJSON(rep))
 	}
-	if took := time.Since(start); took > doctorIndexTimeout/2 {
+	if took := time.Since(start); took > 500*time.Millisecond { // half of doctor's index timeout (a second)
 		t.Errorf("doctor took %v: it waited for the index", took)
 	}
 }
@@ -468,9 +470,9 @@ func TestDoctorRefusesAResumeTheIndexWouldRefuse(t *testing.T) {
 	indexJob(t, cfg, []int{0})
 	cfg.Dataset = writeDataset(t, tokenLines(5, 10))
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
+	rep := runDoctor(t, cfg, doctor.Options{})
 
-	c := wantCheck(t, rep, "index", CheckFail, "was started on another dataset", "`extract run --resume` would refuse")
+	c := wantCheck(t, rep, "index", doctor.CheckFail, "was started on another dataset", "`extract run --resume` would refuse")
 	if !strings.Contains(c.Fix, "--fresh") {
 		t.Errorf("fix %q does not offer --fresh", c.Fix)
 	}
@@ -482,24 +484,24 @@ func TestDoctorOnACompleteJobNeedsNoFreeGPU(t *testing.T) {
 	pid := startSleep(t)
 	node := h200Node(map[int][]nvml.ProcessInfo{3: {{Pid: uint32(pid), UsedGpuMemory: 75 * gpuGiB}}})
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(node)})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(node)})
 
 	if !rep.OK {
 		t.Fatalf("a complete job fails the report:\n%s", reportJSON(rep))
 	}
-	wantCheck(t, rep, "gpu 3", CheckWarn, fmt.Sprintf("pid %d", pid), "no server is needed: the job is complete")
+	wantCheck(t, rep, "gpu 3", doctor.CheckWarn, fmt.Sprintf("pid %d", pid), "no server is needed: the job is complete")
 }
 
 func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
 	for _, tc := range []struct {
 		name, config, status, reason string
 	}{
-		{"flat config.json", `{"hidden_size":64,"num_hidden_layers":61}`, CheckOK, "hidden 64, 61 layers, 1 weight file(s)"},
-		{"multimodal text_config", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":64,"num_hidden_layers":61}}`, CheckOK, "KimiK25ForConditionalGeneration"},
-		{"Kimi-K2.5 text_config of another width", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":7168,"num_hidden_layers":61}}`, CheckFail, "config.json (text_config) says hidden_size 7168 (server.hidden_size is 64)"},
-		{"another width", `{"hidden_size":4096,"num_hidden_layers":32}`, CheckFail, "hidden_size 4096 (server.hidden_size is 64), num_hidden_layers 32 (server.num_layers is 61)"},
-		{"not JSON", `{`, CheckFail, "is not valid JSON"},
-		{"no config.json", "", CheckFail, "config.json: no such file"},
+		{"flat config.json", `{"hidden_size":64,"num_hidden_layers":61}`, doctor.CheckOK, "hidden 64, 61 layers, 1 weight file(s)"},
+		{"multimodal text_config", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":64,"num_hidden_layers":61}}`, doctor.CheckOK, "KimiK25ForConditionalGeneration"},
+		{"Kimi-K2.5 text_config of another width", `{"architectures":["KimiK25ForConditionalGeneration"],"text_config":{"hidden_size":7168,"num_hidden_layers":61}}`, doctor.CheckFail, "config.json (text_config) says hidden_size 7168 (server.hidden_size is 64)"},
+		{"another width", `{"hidden_size":4096,"num_hidden_layers":32}`, doctor.CheckFail, "hidden_size 4096 (server.hidden_size is 64), num_hidden_layers 32 (server.num_layers is 61)"},
+		{"not JSON", `{`, doctor.CheckFail, "is not valid JSON"},
+		{"no config.json", "", doctor.CheckFail, "config.json: no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(1, 1))
@@ -509,7 +511,7 @@ func TestDoctorChecksTheModelShapeAgainstTheConfig(t *testing.T) {
 			} else {
 				mustWriteFile(t, path, tc.config)
 			}
-			rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
+			rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 			wantCheck(t, rep, "model", tc.status, tc.reason)
 		})
 	}
@@ -524,9 +526,9 @@ func TestDoctorNamesAStrangerOnTheServerPort(t *testing.T) {
 	defer ln.Close()
 	cfg.Server.Port = ln.Addr().(*net.TCPAddr).Port
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
+	rep := runDoctor(t, cfg, doctor.Options{})
 
-	wantCheck(t, rep, "port", CheckFail, fmt.Sprintf("is taken by pid %d", os.Getpid()), "which extract did not start")
+	wantCheck(t, rep, "port", doctor.CheckFail, fmt.Sprintf("is taken by pid %d", os.Getpid()), "which extract did not start")
 }
 
 func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
@@ -539,12 +541,12 @@ func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
 	mustWriteFile(t, cfg.Server.Python, fmt.Sprintf("#!/bin/sh\ntouch %s\nwhile [ ! -e %s ]; do sleep 0.02; done\n%s\n", started, goOn, probeAnswer(t)))
 	t.Cleanup(func() { os.WriteFile(goOn, nil, 0o644) })
 	type result struct {
-		rep DoctorReport
+		rep doctor.Report
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		rep, err := Doctor(context.Background(), cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
+		rep, err := Doctor(context.Background(), cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(nil))})
 		done <- result{rep, err}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
@@ -567,8 +569,8 @@ func TestDoctorClosesTheIndexBeforeItsSlowChecksSoARunCanStart(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	wantCheck(t, r.rep, "index", CheckOK, "2 of 4 samples done", "2 of 2 done files checked by stat")
-	wantCheck(t, r.rep, "sglang", CheckOK, "sglang 0.5.8")
+	wantCheck(t, r.rep, "index", doctor.CheckOK, "2 of 4 samples done", "2 of 2 done files checked by stat")
+	wantCheck(t, r.rep, "sglang", doctor.CheckOK, "sglang 0.5.8")
 }
 
 func TestDoctorWarnsWhenTheConfigFileOrTheBinaryWouldNotSurviveAReboot(t *testing.T) {
@@ -587,21 +589,21 @@ func TestDoctorWarnsWhenTheConfigFileOrTheBinaryWouldNotSurviveAReboot(t *testin
 		want              map[string]string // check name → status
 		reason            string
 	}{
-		{"the script kept in /tmp", filepath.Join(t.TempDir(), "job.yaml"), "", map[string]string{"config file": CheckWarn}, "is under /tmp: lost on reboot"},
-		{"the binary on tmpfs", "", filepath.Join(shmDir, "extract"), map[string]string{"executable": CheckWarn}, "is on tmpfs: lost on reboot"},
-		{"both on a durable disk", filepath.Join(durable, "job.yaml"), filepath.Join(durable, "extract"), map[string]string{"config file": CheckOK, "executable": CheckOK}, "is on a durable disk"},
+		{"the script kept in /tmp", filepath.Join(t.TempDir(), "job.yaml"), "", map[string]string{"config file": doctor.CheckWarn}, "is under /tmp: lost on reboot"},
+		{"the binary on tmpfs", "", filepath.Join(shmDir, "extract"), map[string]string{"executable": doctor.CheckWarn}, "is on tmpfs: lost on reboot"},
+		{"both on a durable disk", filepath.Join(durable, "job.yaml"), filepath.Join(durable, "extract"), map[string]string{"config file": doctor.CheckOK, "executable": doctor.CheckOK}, "is on a durable disk"},
 		// The quick start: go run's binary is rebuilt by every go run, so no warning.
-		{"a go run build", "", "/tmp/go-build1230200047/b001/exe/extract", map[string]string{"executable": CheckOK}, "is a `go run` build"},
+		{"a go run build", "", "/tmp/go-build1230200047/b001/exe/extract", map[string]string{"executable": doctor.CheckOK}, "is a `go run` build"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.config != "" && strings.HasPrefix(tc.config, durable) && volatile(durable) != "" {
+			if tc.config != "" && strings.HasPrefix(tc.config, durable) && doctor.Volatile(durable) != "" {
 				t.Skip("/var/tmp is not on a durable disk here")
 			}
 			cfg := doctorConfig(t, sglang.KindSimulator, tokenLines(1, 1))
-			rep := runDoctor(t, cfg, DoctorOptions{ConfigFile: tc.config, Executable: tc.exe})
+			rep := runDoctor(t, cfg, doctor.Options{ConfigFile: tc.config, Executable: tc.exe})
 			for name, status := range tc.want {
 				c := wantCheck(t, rep, name, status, tc.reason)
-				if status == CheckWarn && c.Fix == "" {
+				if status == doctor.CheckWarn && c.Fix == "" {
 					t.Errorf("check %s warns without a fix", name)
 				}
 			}
@@ -629,13 +631,13 @@ func TestAnUncreatableOutputDirIsAPreflightRefusalForRunAndDoctorAlike(t *testin
 				cfg.StateDir = filepath.Join(file, "state")
 			}
 
-			err := makeJobDirs(cfg)
-			rep := runDoctor(t, cfg, DoctorOptions{})
+			err := doctor.MakeJobDirs(cfg)
+			rep := runDoctor(t, cfg, doctor.Options{})
 
 			if !errors.Is(err, ErrPreflight) || !strings.Contains(err.Error(), tc.key) || !errors.Is(err, syscall.ENOTDIR) {
 				t.Errorf("makeJobDirs = %v; want ErrPreflight naming %s and wrapping ENOTDIR", err, tc.key)
 			}
-			wantCheck(t, rep, tc.check, CheckFail, "is not a folder")
+			wantCheck(t, rep, tc.check, doctor.CheckFail, "is not a folder")
 			if !errors.Is(rep.Err(), ErrPreflight) {
 				t.Errorf("doctor's Err() = %v; want ErrPreflight", rep.Err())
 			}
@@ -652,11 +654,11 @@ func TestDoctorReportsATruncatedIndexAsAFailedCheckNamingTheFileAndTheRepair(t *
 		t.Fatal(err)
 	}
 
-	rep, err := Doctor(context.Background(), cfg, DoctorOptions{})
+	rep, err := Doctor(context.Background(), cfg, doctor.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := wantCheck(t, rep, "index", CheckFail, path, "damaged", "truncated")
+	c := wantCheck(t, rep, "index", doctor.CheckFail, path, "damaged", "truncated")
 	for _, want := range []string{"extract verify --repair", "index.db.broken-", "rebuilds the index from the output files"} {
 		if !strings.Contains(c.Fix, want) {
 			t.Errorf("fix %q does not say %q", c.Fix, want)
@@ -682,11 +684,11 @@ func TestDoctorReportsTheSGLangVersionItsUnsupportedSeamsAndEveryHandPatchedFile
 	cfg.Server.Env = map[string]string{"PYTHONPATH": site}
 	node := sglang.NewGPUInspector(h200Node(nil))
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: node})
-	wantCheck(t, rep, "sglang", CheckOK, "sglang 0.0.7 in "+py, filepath.Join(site, "sglang"))
-	wantCheck(t, rep, "sglang install", CheckOK, "no file under sglang/srt differs from the wheel's RECORD")
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: node})
+	wantCheck(t, rep, "sglang", doctor.CheckOK, "sglang 0.0.7 in "+py, filepath.Join(site, "sglang"))
+	wantCheck(t, rep, "sglang install", doctor.CheckOK, "no file under sglang/srt differs from the wheel's RECORD")
 	// The fake has only ScheduleBatch of the five seams.
-	wantCheck(t, rep, "seams", CheckFail, "cannot patch 4 of the 5 seams of sglang 0.0.7",
+	wantCheck(t, rep, "seams", doctor.CheckFail, "cannot patch 4 of the 5 seams of sglang 0.0.7",
 		"sglang.srt.server_args: cannot be imported", "the server would exit at start")
 
 	// The incident: the old dump patch still applied, in the model file and in a seam.
@@ -698,8 +700,8 @@ func TestDoctorReportsTheSGLangVersionItsUnsupportedSeamsAndEveryHandPatchedFile
 		fh.WriteString("# HS dump patch\n")
 		fh.Close()
 	}
-	rep = runDoctor(t, cfg, DoctorOptions{GPUs: node})
-	c := wantCheck(t, rep, "sglang install", CheckWarn,
+	rep = runDoctor(t, cfg, doctor.Options{GPUs: node})
+	c := wantCheck(t, rep, "sglang install", doctor.CheckWarn,
 		"2 file(s) under sglang/srt differ from the wheel's RECORD: sglang/srt/layers/logits_processor.py, sglang/srt/models/deepseek_v2.py",
 		"the dump hook patches sglang/srt/layers/logits_processor.py itself")
 	if !strings.Contains(c.Fix, "two writers into staging") || !strings.Contains(c.Fix, "pip install --force-reinstall --no-deps sglang==0.0.7") {
@@ -732,7 +734,7 @@ func TestDoctorWithTheSimulatorNeverProbesSGLang(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
+	rep := runDoctor(t, cfg, doctor.Options{})
 	for _, c := range rep.Checks {
 		if c.Name == "sglang" || c.Name == "seams" || c.Name == "sglang install" {
 			t.Errorf("kind simulator reports %+v", c)

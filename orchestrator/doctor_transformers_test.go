@@ -12,6 +12,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang"
 )
@@ -51,14 +52,14 @@ func TestDoctorForTransformersJudgesThePythonsFactsAndNamesOurServerOnTheGPU(t *
 	mustWriteFile(t, filepath.Join(cfg.StateDir, "server.json"), string(rec))
 	holders := map[int][]nvml.ProcessInfo{0: {{Pid: uint32(pid), UsedGpuMemory: 40 * gpuGiB}}}
 
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(holders))})
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(holders))})
 
-	wantCheck(t, rep, "gpu 0", CheckOK, fmt.Sprintf("held by our server (pid %d)", pid))
-	wantCheck(t, rep, "torch", CheckOK, "torch 2.11.0")
-	wantCheck(t, rep, "transformers", CheckOK, "transformers 5.17.0")
-	wantCheck(t, rep, "cuda", CheckOK, "NVIDIA H200")
-	wantCheck(t, rep, "model config", CheckOK, "llama")
-	wantCheck(t, rep, "gpu memory", CheckFail, "weights need 20.0 GiB", "10.0 GiB free")
+	wantCheck(t, rep, "gpu 0", doctor.CheckOK, fmt.Sprintf("held by our server (pid %d)", pid))
+	wantCheck(t, rep, "torch", doctor.CheckOK, "torch 2.11.0")
+	wantCheck(t, rep, "transformers", doctor.CheckOK, "transformers 5.17.0")
+	wantCheck(t, rep, "cuda", doctor.CheckOK, "NVIDIA H200")
+	wantCheck(t, rep, "model config", doctor.CheckOK, "llama")
+	wantCheck(t, rep, "gpu memory", doctor.CheckFail, "weights need 20.0 GiB", "10.0 GiB free")
 	if rep.OK {
 		t.Errorf("weights that do not fit pass the report:\n%s", reportJSON(rep))
 	}
@@ -68,10 +69,10 @@ func TestDoctorForTransformersFailsWithoutCUDAOrTransformers(t *testing.T) {
 	cfg := transformersDoctorConfig(t, map[string]any{
 		"python": "3.12.3", "torch": "2.11.0+cpu", "transformers_error": "ModuleNotFoundError: No module named 'transformers'", "cuda": false,
 	})
-	rep := runDoctor(t, cfg, DoctorOptions{GPUs: sglang.NewGPUInspector(h200Node(nil))})
-	wantCheck(t, rep, "transformers", CheckFail, "No module named 'transformers'")
-	wantCheck(t, rep, "cuda", CheckFail, "sees no CUDA device")
-	wantCheck(t, rep, "model config", CheckFail, "transformers is missing")
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(h200Node(nil))})
+	wantCheck(t, rep, "transformers", doctor.CheckFail, "No module named 'transformers'")
+	wantCheck(t, rep, "cuda", doctor.CheckFail, "sees no CUDA device")
+	wantCheck(t, rep, "model config", doctor.CheckFail, "transformers is missing")
 }
 
 // The e2e tests swap the model for a tiny torch module (not transformers) through
@@ -90,8 +91,8 @@ func TestDoctorForTransformersWithATestModuleChecksOnlyTorch(t *testing.T) {
 	cfg := doctorConfig(t, sglang.KindTransformers, tokenLines(4, 10))
 	cfg.Server.Python, cfg.Server.ModelPath = py, "tiny"
 	cfg.Server.Env = map[string]string{"HFSERVER_BACKEND": "tinymodel:load"}
-	rep := runDoctor(t, cfg, DoctorOptions{})
-	wantCheck(t, rep, "gpu", CheckOK, "none needed")
-	wantCheck(t, rep, "torch", CheckOK, "torch ")
-	wantCheck(t, rep, "transformers", CheckWarn, "not checked", "HFSERVER_BACKEND=tinymodel:load")
+	rep := runDoctor(t, cfg, doctor.Options{})
+	wantCheck(t, rep, "gpu", doctor.CheckOK, "none needed")
+	wantCheck(t, rep, "torch", doctor.CheckOK, "torch ")
+	wantCheck(t, rep, "transformers", doctor.CheckWarn, "not checked", "HFSERVER_BACKEND=tinymodel:load")
 }

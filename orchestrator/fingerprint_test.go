@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 )
 
 // A resume under a changed config names the settings that changed, from the fields the
@@ -18,7 +19,7 @@ import (
 func TestAConfigFingerprintMismatchNamesTheFieldsThatChanged(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := &configs.Config{Server: configs.Server{Kind: "simulator", Layers: []int{2, 30, 58}, Simulator: configs.Simulator{HiddenSize: 8}}}
-	ds, err := OpenDataset(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"+`{"input_ids": [3]}`+"\n"))
+	ds, err := dataset.Open(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"+`{"input_ids": [3]}`+"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestAConfigFingerprintMismatchNamesTheFieldsThatChanged(t *testing.T) {
 func TestAResumeRecordsTheConfigFieldsInAnIndexThatLacksThem(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := &configs.Config{Server: configs.Server{Kind: "simulator", Layers: []int{2, 30, 58}, Simulator: configs.Simulator{HiddenSize: 8}}}
-	ds, err := OpenDataset(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"))
+	ds, err := dataset.Open(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

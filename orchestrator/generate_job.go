@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/conversation"
 	"github.com/extract-dev/extract/orchestrator/generate"
 	"github.com/extract-dev/extract/sglang"
@@ -58,7 +60,7 @@ func Generate(ctx context.Context, cfg *configs.Config, opt GenerateOptions) (ge
 	if opt.From == "" {
 		opt.From = cfg.Dataset
 	}
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return generate.Summary{}, err
 	}
 	lock, err := AcquireLock(cfg.StateDir, "generate")
@@ -275,7 +277,7 @@ func runGenerate(ctx context.Context, cfg *configs.Config, opt RunOptions) (stri
 	if cfg.Shard.Sharded() {
 		return "", fmt.Errorf("%w: generate.enabled with a sharded run: each shard would extract a file of its own lines only; run `extract generate --shard i/n` per task, concatenate the parts in shard order, and extract that", ErrRefused)
 	}
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return "", err
 	}
 	lock, err := acquireStageLock(cfg)
@@ -290,7 +292,7 @@ func runGenerate(ctx context.Context, cfg *configs.Config, opt RunOptions) (stri
 	opt.Log.Info("generate: conversations regenerated", "conversations", cfg.Dataset, "output", sum.Output, "done", sum.Done,
 		"dropped", sum.Dropped, "failed", sum.Failed, "generated_tokens", sum.Generated, "already_done", sum.AlreadyDone)
 	if sum.Done == 0 {
-		return "", fmt.Errorf("%w: generate kept no conversation of %s (%d dropped, %d failed); see `extract generate --report`", ErrBadDataset, cfg.Dataset, sum.Dropped, sum.Failed)
+		return "", fmt.Errorf("%w: generate kept no conversation of %s (%d dropped, %d failed); see `extract generate --report`", dataset.ErrBad, cfg.Dataset, sum.Dropped, sum.Failed)
 	}
 	return sum.Output, nil
 }

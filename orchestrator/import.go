@@ -11,6 +11,8 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 )
 
 // ImportOptions are the import command's choices.
@@ -76,12 +78,12 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := checkShardPlan(cfg); err != nil {
 		return rep, err
 	}
-	ds, err := OpenJobDataset(ctx, cfg)
+	ds, err := dataset.OpenJob(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
 	defer func() { _ = ds.Close() }()
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return rep, err
 	}
 	lock, err := AcquireLock(cfg.StateDir, "import")

@@ -16,6 +16,8 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/history"
 	"github.com/extract-dev/extract/sglang"
@@ -35,7 +37,7 @@ type job struct {
 	cfg  *configs.Config
 	opt  RunOptions
 	log  *slog.Logger
-	ds   *Dataset
+	ds   *dataset.Dataset
 	ix   *checkpoint.Index
 	lock *Lock
 
@@ -98,7 +100,7 @@ var errStateLost = errors.New("state dir lost")
 // tick paces admission re-checks, timeouts and status snapshots.
 const tick = 250 * time.Millisecond
 
-func newJob(cfg *configs.Config, opt RunOptions, ds *Dataset, ix *checkpoint.Index, lock *Lock, started time.Time) (*job, error) {
+func newJob(cfg *configs.Config, opt RunOptions, ds *dataset.Dataset, ix *checkpoint.Index, lock *Lock, started time.Time) (*job, error) {
 	prog, err := ix.Load(ds.Len())
 	if err != nil {
 		return nil, err
@@ -189,7 +191,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 
 	// Only staging dirs no other user can write are trusted with dumps (invariant 8);
 	// made before anything else would create them.
-	owner, err := stagingOwner(j.cfg)
+	owner, err := doctor.StagingOwner(j.cfg)
 	if err != nil {
 		return res, err
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -40,8 +41,8 @@ func TestVerifyHoldingTheLockIsNotARunToRunStatusOrDoctor(t *testing.T) {
 		t.Errorf("status while verify holds the lock: %+v, %v; want not running, lock_holder %q", st, err, who)
 	}
 
-	rep := runDoctor(t, cfg, DoctorOptions{})
-	wantCheck(t, rep, "index", CheckWarn, who+" holds the lock")
+	rep := runDoctor(t, cfg, doctor.Options{})
+	wantCheck(t, rep, "index", doctor.CheckWarn, who+" holds the lock")
 	if rep.RunningPID != 0 {
 		t.Errorf("doctor reports running pid %d while only verify holds the lock", rep.RunningPID)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -53,7 +54,7 @@ func moverGoroutines(cfg *configs.Config) int { return cfg.Run.Movers + commitsB
 type movers struct {
 	// what a move needs: read-only once the run starts
 	mover *checkpoint.Mover
-	ds    *Dataset
+	ds    *dataset.Dataset
 	ix    *checkpoint.Index
 	cfg   *configs.Config
 	log   *slog.Logger
@@ -73,7 +74,7 @@ type movers struct {
 	done      chan struct{} // closed by the last mover to exit
 }
 
-func newMovers(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index, log *slog.Logger) *movers {
+func newMovers(cfg *configs.Config, ds *dataset.Dataset, ix *checkpoint.Index, log *slog.Logger) *movers {
 	return &movers{
 		mover: &checkpoint.Mover{OutputDir: cfg.OutputDir, Layout: outputLayout(cfg)},
 		ds:    ds, ix: ix, cfg: cfg, log: log,
@@ -291,7 +292,7 @@ func (j *job) onMoved(r moveResult) error {
 			}
 		}
 		return nil
-	case errors.Is(r.err, ErrBadDataset):
+	case errors.Is(r.err, dataset.ErrBad):
 		return r.err
 	case errors.Is(r.err, context.Canceled):
 		return nil // stopping; the dump stays in staging for the next run

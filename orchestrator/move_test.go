@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/shm"
 )
 
@@ -21,7 +22,7 @@ func TestMoversTakeNoDumpWithoutACopySlot(t *testing.T) {
 	cfg := configs.Default()
 	cfg.Server.Kind, cfg.Server.Simulator.HiddenSize, cfg.Server.Layers = "simulator", 8, []int{2, 30, 58}
 	cfg.Run.Movers, cfg.OutputDir = 1, t.TempDir()
-	ds, err := OpenDataset(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"))
+	ds, err := dataset.Open(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

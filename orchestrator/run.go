@@ -13,6 +13,9 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
+	"github.com/extract-dev/extract/doctor"
+	"github.com/extract-dev/extract/internal/errclass"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -20,11 +23,11 @@ import (
 // Errors that map to the CLI's exit codes.
 var (
 	// ErrRefused: the job cannot start as asked; the message says what to do (exit 2).
-	ErrRefused = errors.New("refused")
+	ErrRefused = errclass.ErrRefused
 	// ErrPreflight: the node is not fit to run (exit 3).
-	ErrPreflight = errors.New("preflight failed")
+	ErrPreflight = errclass.ErrPreflight
 	// ErrTemporary: worth a retry later, e.g. by cron (exit 75).
-	ErrTemporary = errors.New("temporary failure")
+	ErrTemporary = errclass.ErrTemporary
 )
 
 // Outcome says how a run ended without error.
@@ -110,13 +113,13 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	}
 	dsCfg := *cfg // the prepared file, when the dataset is a conversation file
 	dsCfg.Dataset = dsPath
-	ds, err := OpenDatasetCached(ctx, &dsCfg)
+	ds, err := dataset.OpenCached(ctx, &dsCfg)
 	if err != nil {
 		return res, err
 	}
 	defer func() { _ = ds.Close() }()
 	res.Total = spanOf(cfg, ds.Len()).size()
-	if err := makeJobDirs(cfg); err != nil {
+	if err := doctor.MakeJobDirs(cfg); err != nil {
 		return res, err // ErrPreflight: exit 3, as doctor reports the same dir
 	}
 	lock, err := AcquireLock(cfg.StateDir, "run")
@@ -147,11 +150,11 @@ func Run(ctx context.Context, cfg *configs.Config, opt RunOptions) (Result, erro
 	if err := prepareIndex(ix, ds, cfg, opt); err != nil {
 		return res, damagedIndex(err)
 	}
-	if err := checkReplicaFit(cfg, nil); err != nil {
+	if err := doctor.CheckReplicaFit(cfg, nil); err != nil {
 		return res, err // exit 2: replicas × tp_size is more GPUs than the node has
 	}
 	// The same triage as `extract doctor`, before any GPU time is spent.
-	rep, err := Doctor(ctx, cfg, DoctorOptions{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
+	rep, err := Doctor(ctx, cfg, doctor.Options{Dataset: ds, Index: ix, Log: opt.Log, Executable: opt.Executable, ConfigFile: opt.ConfigFile})
 	if err != nil {
 		return res, err
 	}
@@ -236,7 +239,7 @@ func damagedIndex(err error) error {
 	if !errors.Is(err, checkpoint.ErrDamaged) {
 		return err
 	}
-	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, repairFix)
+	return fmt.Errorf("%w: %w; %s, then `extract run --resume`", ErrPreflight, err, doctor.RepairFix)
 }
 
 // alreadyHeld is a run's answer to a lock another process holds: another run is the job
@@ -251,7 +254,7 @@ func alreadyHeld(cfg *configs.Config, h Holder) (Result, error) {
 
 // prepareIndex makes the index describe this job: a new index is initialised; one with
 // progress is continued only with --resume and only for the same dataset and config.
-func prepareIndex(ix *checkpoint.Index, ds *Dataset, cfg *configs.Config, opt RunOptions) error {
+func prepareIndex(ix *checkpoint.Index, ds *dataset.Dataset, cfg *configs.Config, opt RunOptions) error {
 	want := checkpoint.Meta{
 		DatasetFingerprint: ds.Fingerprint,
 		DatasetPath:        ds.Path,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 )
 
 func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
@@ -38,7 +39,7 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			cfg := &configs.Config{Server: configs.Server{Kind: "simulator", Layers: []int{2, 30, 58}, Simulator: configs.Simulator{HiddenSize: 8}}}
-			first, err := OpenDataset(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"+`{"input_ids": [3]}`+"\n"))
+			first, err := dataset.Open(writeDataset(t, `{"input_ids": [1, 2]}`+"\n"+`{"input_ids": [3]}`+"\n"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -65,7 +66,7 @@ func TestPrepareIndexDecidesWhatARunMayDoWithTheIndex(t *testing.T) {
 			}
 			second := first
 			if tt.changed {
-				if second, err = OpenDataset(writeDataset(t, `{"input_ids": [9, 9]}`+"\n"+`{"input_ids": [3]}`+"\n")); err != nil {
+				if second, err = dataset.Open(writeDataset(t, `{"input_ids": [9, 9]}`+"\n"+`{"input_ids": [3]}`+"\n")); err != nil {
 					t.Fatal(err)
 				}
 			}

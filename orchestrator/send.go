@@ -8,6 +8,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/sglang"
 	"github.com/extract-dev/extract/shm"
 )
@@ -120,7 +121,7 @@ func (j *job) send(ctx, request context.Context, client *sglang.Client, sample i
 	if err != nil {
 		err = &indexError{fmt.Errorf("record attempt %s: %w", rid, err)}
 	}
-	var s Sample
+	var s dataset.Sample
 	if err == nil {
 		s, err = j.ds.Sample(sample)
 	}
@@ -135,7 +136,7 @@ func (j *job) send(ctx, request context.Context, client *sglang.Client, sample i
 
 func (j *job) onSent(r sendResult) error {
 	j.requestsOpen--
-	if errors.Is(r.err, ErrBadDataset) {
+	if errors.Is(r.err, dataset.ErrBad) {
 		return r.err // the dataset changed under the run: nothing more it says can be trusted
 	}
 	f := j.inflight[r.sample]

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 )
 
 // ShardRange is the rule that splits a job across nodes: of a dataset of total samples,
@@ -148,7 +149,7 @@ func Plan(cfg *configs.Config, n int) ([]PlanRow, error) {
 	if n < 1 || n > configs.MaxShards {
 		return nil, fmt.Errorf("%w: --shards must be 1..%d, got %d", ErrRefused, configs.MaxShards, n)
 	}
-	ds, err := OpenJobDataset(context.Background(), cfg)
+	ds, err := dataset.OpenJob(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/shm"
 )
@@ -44,7 +45,7 @@ type Rebuild struct {
 }
 
 // datasetSource adapts a Dataset to checkpoint.SampleSource.
-type datasetSource struct{ ds *Dataset }
+type datasetSource struct{ ds *dataset.Dataset }
 
 func (s datasetSource) Len() int { return s.ds.Len() }
 
@@ -67,7 +68,7 @@ func (s datasetSource) Sample(i int) ([]int64, []int64, error) {
 func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptions) (VerifyResult, error) {
 	var res VerifyResult
 	path := filepath.Join(cfg.StateDir, "index.db")
-	ds, err := OpenJobDataset(ctx, cfg)
+	ds, err := dataset.OpenJob(ctx, cfg)
 	if err != nil {
 		return res, err
 	}
@@ -176,7 +177,7 @@ func damaged(err error) string {
 // verifyIndex verifies a usable index. The dataset is compared only if it is the one
 // the index's job was made from, and a repair is refused under another config: it
 // would take every good file for a bad one and delete it.
-func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path string, opt checkpoint.VerifyOptions) (VerifyResult, error) {
+func verifyIndex(ctx context.Context, cfg *configs.Config, ds *dataset.Dataset, path string, opt checkpoint.VerifyOptions) (VerifyResult, error) {
 	var res VerifyResult
 	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: !opt.Repair, Timeout: 2 * time.Second})
 	if errors.Is(err, checkpoint.ErrLocked) {
@@ -211,7 +212,7 @@ func verifyIndex(ctx context.Context, cfg *configs.Config, ds *Dataset, path str
 // rebuild moves an unusable index aside and builds a new one from the output files.
 // The new index is built under a temporary name and renamed into place only when
 // complete, so a rebuild that dies leaves no half-adopted index for a run to resume from.
-func rebuild(ctx context.Context, cfg *configs.Config, ds *Dataset, path, why string, exists bool, files []string, opt checkpoint.VerifyOptions) (*Rebuild, checkpoint.VerifyReport, error) {
+func rebuild(ctx context.Context, cfg *configs.Config, ds *dataset.Dataset, path, why string, exists bool, files []string, opt checkpoint.VerifyOptions) (*Rebuild, checkpoint.VerifyReport, error) {
 	rb := &Rebuild{Why: why, Files: len(ownedFiles(files, opt))}
 	var rep checkpoint.VerifyReport
 	if exists {
@@ -331,7 +332,7 @@ func jobFiles(cfg *configs.Config, span shardSpan) (int, error) {
 // lostIndex refuses a run that would start a new index over a lost one's files: the
 // files describe themselves, and `verify --repair` rebuilds the index from them in
 // seconds, where a new job would recompute every sample (and overwrite the files).
-func lostIndex(cfg *configs.Config, ds *Dataset, path string) error {
+func lostIndex(cfg *configs.Config, ds *dataset.Dataset, path string) error {
 	n, err := jobFiles(cfg, spanOf(cfg, ds.Len()))
 	if err != nil || n == 0 {
 		return err

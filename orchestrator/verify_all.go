@@ -14,6 +14,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator/generate"
 )
 
@@ -107,7 +108,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 	if done, err := verifyGenerateAll(base, n, &rep); err != nil || done {
 		return rep, err // generate_job.go; done: only the generate stage ran
 	}
-	ds, err := OpenJobDataset(ctx, cfg)
+	ds, err := dataset.OpenJob(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}
@@ -239,7 +240,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 
 // loadShard reads a shard's done records; note says why its index is not this plan's
 // shard of this job (another plan, dataset or config), "" when it is.
-func loadShard(path string, ds *Dataset, cfg *configs.Config, i, n int) ([]checkpoint.Record, checkpoint.Meta, string, error) {
+func loadShard(path string, ds *dataset.Dataset, cfg *configs.Config, i, n int) ([]checkpoint.Record, checkpoint.Meta, string, error) {
 	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: 2 * time.Second})
 	if err != nil {
 		return nil, checkpoint.Meta{}, "", err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/internal/safetensors"
 	"github.com/extract-dev/extract/shm"
 )
@@ -22,7 +23,7 @@ import (
 type verifyJob struct {
 	t   *testing.T
 	cfg *configs.Config
-	ds  *Dataset
+	ds  *dataset.Dataset
 	ids [][]int64
 }
 
@@ -54,7 +55,7 @@ func newVerifyJob(t *testing.T) *verifyJob {
 			t.Fatal(err)
 		}
 	}
-	ds, err := OpenDataset(j.cfg.Dataset)
+	ds, err := dataset.Open(j.cfg.Dataset)
 	if err != nil {
 		t.Fatal(err)
 	}

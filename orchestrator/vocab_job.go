@@ -11,6 +11,7 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 	"github.com/extract-dev/extract/orchestrator/vocab"
 )
@@ -27,7 +28,7 @@ type VocabReport struct {
 
 // jobVocab writes the draft vocabulary at the end of a conversation job: when it
 // finished, or when it was already complete and has none yet.
-func jobVocab(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index, outcome Outcome, log *slog.Logger) error {
+func jobVocab(cfg *configs.Config, ds *dataset.Dataset, ix *checkpoint.Index, outcome Outcome, log *slog.Logger) error {
 	path := filepath.Join(cfg.OutputDir, vocab.Dir, vocab.MappingName)
 	if outcome != Finished {
 		if _, err := os.Stat(path); outcome != AlreadyComplete || err == nil {
@@ -45,7 +46,7 @@ func jobVocab(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index, outcome Ou
 
 // writeVocab counts the loss-masked tokens of the done samples, in sample order, from
 // the dataset the job reads, and writes the mapping and the counts.
-func writeVocab(cfg *configs.Config, ds *Dataset, ix *checkpoint.Index) (VocabReport, error) {
+func writeVocab(cfg *configs.Config, ds *dataset.Dataset, ix *checkpoint.Index) (VocabReport, error) {
 	target, err := prepare.TargetVocabSize(cfg)
 	if err != nil {
 		return VocabReport{}, err
@@ -110,11 +111,11 @@ func Vocab(ctx context.Context, cfg *configs.Config) (VocabReport, error) {
 	defer lock.Release()
 	dsPath := cfg.Dataset
 	if conv, err := prepare.IsConversations(cfg); err != nil {
-		return VocabReport{}, fmt.Errorf("%w: %w", ErrBadDataset, err)
+		return VocabReport{}, fmt.Errorf("%w: %w", dataset.ErrBad, err)
 	} else if conv {
 		dsPath = filepath.Join(prepare.Dir(cfg), prepare.DatasetName)
 	}
-	ds, err := OpenDataset(dsPath)
+	ds, err := dataset.Open(dsPath)
 	if err != nil {
 		return VocabReport{}, err
 	}

@@ -175,7 +175,7 @@ if [ "$GO_BENCH" = 1 ]; then
 	mkdir -p "$OUT/gobench"
 	EXTRACT_BENCH_OUT=$OUT/gobench go test -run '^$' -benchtime 1s \
 		-bench 'MoveFromStaging|SmallDumpFullPath|CommitDoneMovers|BeginAttempts/batch=1$|WatcherRenameToReport|OpenDataset' \
-		./checkpoint/ ./shm/ ./orchestrator/ 2>&1 | grep -E '^(Benchmark|ok|FAIL|---)' | tee "$OUT/gobench.txt" || echo 'bench.sh: go test -bench failed' >&2
+		./checkpoint/ ./shm/ ./orchestrator/ ./dataset/ 2>&1 | grep -E '^(Benchmark|ok|FAIL|---)' | tee "$OUT/gobench.txt" || echo 'bench.sh: go test -bench failed' >&2
 fi
 
 echo

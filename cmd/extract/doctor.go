@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/doctor"
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
 )
@@ -47,7 +48,7 @@ func runDoctor(ctx context.Context, cfg *configs.Config, opt doctorOptions, out 
 	// Where the binary lives matters to the cron line that resumes the job; an unknown
 	// path is just not checked.
 	exe, _ := os.Executable()
-	rep, err := orchestrator.Doctor(ctx, cfg, orchestrator.DoctorOptions{ConfigFile: opt.configFile, Executable: exe})
+	rep, err := orchestrator.Doctor(ctx, cfg, doctor.Options{ConfigFile: opt.configFile, Executable: exe})
 	if err != nil {
 		return err
 	}
@@ -68,14 +69,14 @@ func runDoctor(ctx context.Context, cfg *configs.Config, opt doctorOptions, out 
 	return nil
 }
 
-func printDoctor(w io.Writer, rep orchestrator.DoctorReport) {
+func printDoctor(w io.Writer, rep doctor.Report) {
 	width := 0
 	for _, c := range rep.Checks {
 		width = max(width, len(c.Name))
 	}
 	for _, c := range rep.Checks {
 		fmt.Fprintf(w, "%-4s  %-*s  %s\n", strings.ToUpper(c.Status), width, c.Name, c.Reason)
-		if c.Fix != "" && c.Status != orchestrator.CheckOK {
+		if c.Fix != "" && c.Status != doctor.CheckOK {
 			fmt.Fprintf(w, "      %-*s  → %s\n", width, "", c.Fix)
 		}
 	}

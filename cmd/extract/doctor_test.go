@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/extract-dev/extract/configs"
-	"github.com/extract-dev/extract/orchestrator"
+	"github.com/extract-dev/extract/doctor"
 )
 
 // The incident's script was kept in /tmp and lost at the reboot: a config there must
@@ -38,15 +38,15 @@ func TestDoctorCommandChecksWhereTheConfigFileAndTheBinaryLive(t *testing.T) {
 
 	err = runDoctor(context.Background(), cfg, doctorOptions{configFile: file, json: true}, &out)
 
-	var rep orchestrator.DoctorReport
+	var rep doctor.Report
 	if jerr := json.Unmarshal(out.Bytes(), &rep); jerr != nil {
 		t.Fatalf("doctor --json printed no report (%v; run error %v):\n%s", jerr, err, out.String())
 	}
-	checks := map[string]orchestrator.Check{}
+	checks := map[string]doctor.Check{}
 	for _, c := range rep.Checks {
 		checks[c.Name] = c
 	}
-	if c := checks["config file"]; c.Status != orchestrator.CheckWarn || !strings.Contains(c.Reason, file+" is under /tmp") {
+	if c := checks["config file"]; c.Status != doctor.CheckWarn || !strings.Contains(c.Reason, file+" is under /tmp") {
 		t.Errorf("config file check = %+v; want a warning that %s is under /tmp", c, file)
 	}
 	if c, ok := checks["executable"]; !ok || c.Reason == "" {

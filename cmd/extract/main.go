@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
 )
@@ -58,7 +59,7 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ec):
 		return ec.code
-	case errors.As(err, &ue), errors.Is(err, configs.ErrInvalid), errors.Is(err, orchestrator.ErrBadDataset), errors.Is(err, orchestrator.ErrRefused):
+	case errors.As(err, &ue), errors.Is(err, configs.ErrInvalid), errors.Is(err, dataset.ErrBad), errors.Is(err, orchestrator.ErrRefused):
 		return exitUsage
 	case errors.Is(err, orchestrator.ErrPreflight):
 		return exitPreflight

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator"
 	"github.com/spf13/cobra"
 )
@@ -65,7 +66,7 @@ func runRun(cmd *cobra.Command, cf *configFlags, opt orchestrator.RunOptions) er
 		log.Warn("dumps rejected", "summary", rejected)
 	}
 	if err != nil {
-		if errors.Is(err, orchestrator.ErrBadDataset) || errors.Is(err, orchestrator.ErrRefused) || errors.Is(err, orchestrator.ErrPreflight) {
+		if errors.Is(err, dataset.ErrBad) || errors.Is(err, orchestrator.ErrRefused) || errors.Is(err, orchestrator.ErrPreflight) {
 			return err // said in full on stderr; the preflight's checks are in the log already
 		}
 		log.Error("run ended with an error", "err", err, "done", res.Done, "total", res.Total)

@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 )
 
 // The line-index cache lets a resume skip re-reading the dataset. It holds what
-// OpenDataset computed (each line's offset, length, token count and crc32c, and the
+// Open computed (each line's offset, length, token count and crc32c, and the
 // sha256 fingerprint) together with the file's identity at the time: device, inode,
 // size, mtime and ctime, all to the nanosecond. It is used only when the open file's
 // identity is exactly that one. Why that is a proof that the bytes are the ones hashed:
@@ -84,13 +84,13 @@ func cacheKeyOf(f *os.File) (cacheKey, error) {
 	}, nil
 }
 
-// OpenDatasetCached is OpenDataset that reuses the line index and fingerprint kept in
+// OpenCached is Open that reuses the line index and fingerprint kept in
 // stateDir when the dataset file is provably the one they were computed from (see
 // datasetCacheName), and otherwise reads it in full and keeps them there for the next
 // start. A cache that is missing, stale, corrupt or unreadable is never an error: the
-// dataset is read in full (bounded by dataset_max_line, stopped with ErrTemporary when
+// dataset is read in full (bounded by dataset_max_line, stopped with errclass.ErrTemporary when
 // ctx ends). stateDir is created if it is missing ("" keeps no cache).
-func OpenDatasetCached(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
+func OpenCached(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
 	path, stateDir := cfg.Dataset, cfg.StateDir
 	f, err := openDatasetFile(path)
 	if err != nil {

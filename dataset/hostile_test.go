@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/errclass"
 )
 
 // openWithin opens the dataset in a goroutine: one that blocks (a FIFO with no writer)
@@ -20,7 +21,7 @@ func openWithin(t *testing.T, cfg *configs.Config) error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
-		d, err := OpenDatasetCached(context.Background(), cfg)
+		d, err := OpenCached(context.Background(), cfg)
 		if err == nil {
 			d.Close()
 		}
@@ -52,8 +53,8 @@ func TestADatasetThatIsNoRegularFileIsRefusedAtOnceSayingWhatItIs(t *testing.T) 
 		{dir, "is a directory, not a regular file"},
 	} {
 		err := openWithin(t, datasetConfig(c.path, filepath.Join(t.TempDir(), "state")))
-		if !errors.Is(err, ErrBadDataset) || !strings.Contains(err.Error(), c.path+" "+c.says) {
-			t.Errorf("dataset %s: %v; want ErrBadDataset saying %q", c.path, err, c.says)
+		if !errors.Is(err, ErrBad) || !strings.Contains(err.Error(), c.path+" "+c.says) {
+			t.Errorf("dataset %s: %v; want ErrBad saying %q", c.path, err, c.says)
 		}
 	}
 	// A symlink to a regular file is an ordinary way to point at a dataset.
@@ -86,8 +87,8 @@ func TestALineLongerThanDatasetMaxLineIsRefusedNamingItWithoutReadingItAll(t *te
 	runtime.ReadMemStats(&before)
 	err = openWithin(t, cfg)
 	runtime.ReadMemStats(&after)
-	if !errors.Is(err, ErrBadDataset) || !strings.Contains(err.Error(), "line 3 (sample 2) is longer than dataset_max_line (4.0 MiB)") {
-		t.Fatalf("err = %v, want ErrBadDataset naming line 3 and dataset_max_line", err)
+	if !errors.Is(err, ErrBad) || !strings.Contains(err.Error(), "line 3 (sample 2) is longer than dataset_max_line (4.0 MiB)") {
+		t.Fatalf("err = %v, want ErrBad naming line 3 and dataset_max_line", err)
 	}
 	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 64<<20 {
 		t.Errorf("refusing the line allocated %d MiB, want about dataset_max_line (4 MiB)", alloc>>20)
@@ -98,10 +99,10 @@ func TestStoppingWhileTheDatasetIsReadIsATemporaryFailure(t *testing.T) {
 	cfg := datasetConfig(writeDataset(t, strings.Repeat(`{"input_ids": [1, 2, 3]}`+"\n", 1000)), filepath.Join(t.TempDir(), "state"))
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := OpenDatasetCached(ctx, cfg); !errors.Is(err, ErrTemporary) {
-		t.Errorf("OpenDatasetCached after SIGTERM: %v, want ErrTemporary (exit 75)", err)
+	if _, err := OpenCached(ctx, cfg); !errors.Is(err, errclass.ErrTemporary) {
+		t.Errorf("OpenCached after SIGTERM: %v, want errclass.ErrTemporary (exit 75)", err)
 	}
-	if _, err := OpenJobDataset(ctx, cfg); !errors.Is(err, ErrTemporary) {
-		t.Errorf("OpenJobDataset after SIGTERM: %v, want ErrTemporary (exit 75)", err)
+	if _, err := OpenJob(ctx, cfg); !errors.Is(err, errclass.ErrTemporary) {
+		t.Errorf("OpenJob after SIGTERM: %v, want errclass.ErrTemporary (exit 75)", err)
 	}
 }

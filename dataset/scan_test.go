@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"bytes"
@@ -8,7 +8,7 @@ import (
 	"testing"
 )
 
-// scanIDsLine is OpenDataset's fast path: whatever it accepts, decodeLine must accept
+// scanIDsLine is Open's fast path: whatever it accepts, decodeLine must accept
 // with the same token count; whatever else it leaves to decodeLine.
 func TestScanIDsLineAgreesWithDecodeLine(t *testing.T) {
 	for _, tc := range []struct {

@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"bufio"
@@ -17,16 +17,17 @@ import (
 
 	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/errclass"
 	"github.com/extract-dev/extract/internal/userfile"
 )
 
-// ErrBadDataset marks a dataset the user must fix (exit 2).
-var ErrBadDataset = errors.New("bad dataset")
+// ErrBad marks a dataset the user must fix (exit 2).
+var ErrBad = errors.New("bad dataset")
 
-// ErrDatasetChanged is a dataset modified, replaced or removed while a job reads it:
+// ErrChanged is a dataset modified, replaced or removed while a job reads it:
 // outputs made from the new bytes would carry the old fingerprint. It wraps
-// ErrBadDataset, so it is exit 2 too.
-var ErrDatasetChanged = fmt.Errorf("%w: changed during the run", ErrBadDataset)
+// ErrBad, so it is exit 2 too.
+var ErrChanged = fmt.Errorf("%w: changed during the run", ErrBad)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -41,7 +42,7 @@ type Dataset struct {
 	stat        fileID   // the file as indexed; Sample refuses to read any other
 
 	indexedKey indexedKey // the file's identity over the full read, for the cache
-	cached     bool       // lines and Fingerprint came from the cache (dataset_cache.go)
+	cached     bool       // lines and Fingerprint came from the cache (cache.go)
 }
 
 type lineRef struct {
@@ -85,16 +86,16 @@ type rawSample struct {
 	ID       json.RawMessage `json:"id"`
 }
 
-// OpenDataset reads and checks every line before any GPU time is spent. An error names
+// Open reads and checks every line before any GPU time is spent. An error names
 // the line (1-based, as editors show it) and the sample index (0-based). Lines are
-// bounded by the default dataset_max_line; a job's commands use OpenJobDataset.
-func OpenDataset(path string) (*Dataset, error) {
+// bounded by the default dataset_max_line; a job's commands use OpenJob.
+func Open(path string) (*Dataset, error) {
 	return openDataset(context.Background(), path, configs.Default().DatasetMaxLine)
 }
 
-// OpenJobDataset is OpenDataset of cfg's dataset with its dataset_max_line, ending with
-// ErrTemporary when ctx does (a SIGTERM while a large dataset is read).
-func OpenJobDataset(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
+// OpenJob is Open of cfg's dataset with its dataset_max_line, ending with
+// errclass.ErrTemporary when ctx does (a SIGTERM while a large dataset is read).
+func OpenJob(ctx context.Context, cfg *configs.Config) (*Dataset, error) {
 	return openDataset(ctx, cfg.Dataset, cfg.DatasetMaxLine)
 }
 
@@ -116,10 +117,10 @@ func openDataset(ctx context.Context, path string, maxLine configs.ByteSize) (*D
 func openDatasetFile(path string) (*os.File, error) {
 	f, err := userfile.OpenRegular(path)
 	if errors.Is(err, userfile.ErrNotRegular) {
-		return nil, fmt.Errorf("%w: dataset %w: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBadDataset, err)
+		return nil, fmt.Errorf("%w: dataset %w: extract reads the dataset more than once (to check every line, to hash it, to send each sample), so point dataset at a JSONL file", ErrBad, err)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: open dataset: %w", ErrBadDataset, err)
+		return nil, fmt.Errorf("%w: open dataset: %w", ErrBad, err)
 	}
 	return f, nil
 }
@@ -134,7 +135,7 @@ func (d *Dataset) statOpen() (fileID, error) {
 }
 
 // index reads every line, refusing one longer than maxLine (memory stays bounded
-// whatever the file holds), and hashes the file meanwhile; it stops with ErrTemporary
+// whatever the file holds), and hashes the file meanwhile; it stops with errclass.ErrTemporary
 // when ctx ends.
 func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 	path, f := d.Path, d.f
@@ -145,7 +146,7 @@ func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 	keyBefore, keyErr := cacheKeyOf(f)
 	before, err := d.statOpen()
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrBadDataset, err)
+		return fmt.Errorf("%w: %v", ErrBad, err)
 	}
 	// The fingerprint is hashed on the other core while this one checks the lines: on a
 	// resume of a 500 MB dataset the two together are most of the time to the first request.
@@ -158,7 +159,7 @@ func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 	stopped := func() error {
 		stopHash()
 		<-fp
-		return fmt.Errorf("%w: stopped (%v) while reading dataset %s", ErrTemporary, context.Cause(ctx), path)
+		return fmt.Errorf("%w: stopped (%v) while reading dataset %s", errclass.ErrTemporary, context.Cause(ctx), path)
 	}
 	r := bufio.NewReaderSize(f, 1<<20)
 	var off int64
@@ -175,7 +176,7 @@ func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 		if n > int64(maxLine) {
 			stopHash()
 			<-fp
-			return fmt.Errorf("%w: %s line %d (sample %d) is longer than dataset_max_line (%s): is this a JSONL dataset? raise dataset_max_line if a line is meant to be that long", ErrBadDataset, path, len(d.lines)+1, len(d.lines), maxLine)
+			return fmt.Errorf("%w: %s line %d (sample %d) is longer than dataset_max_line (%s): is this a JSONL dataset? raise dataset_max_line if a line is meant to be that long", ErrBad, path, len(d.lines)+1, len(d.lines), maxLine)
 		}
 		if errors.Is(err, bufio.ErrBufferFull) {
 			long = append(long, line...)
@@ -195,7 +196,7 @@ func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 				s, perr := decodeLine(trimmed, n)
 				if perr != nil {
 					<-fp
-					return fmt.Errorf("%w: %s line %d (sample %d): %v", ErrBadDataset, path, n+1, n, perr)
+					return fmt.Errorf("%w: %s line %d (sample %d): %v", ErrBad, path, n+1, n, perr)
 				}
 				ref.text = s.InputIDs == nil
 				if ref.text {
@@ -223,23 +224,23 @@ func (d *Dataset) index(ctx context.Context, maxLine configs.ByteSize) error {
 		return fmt.Errorf("read dataset %s: %w", path, h.err)
 	}
 	if h.size != off {
-		return fmt.Errorf("%w: %s changed while it was read (%d bytes, then %d)", ErrDatasetChanged, path, off, h.size)
+		return fmt.Errorf("%w: %s changed while it was read (%d bytes, then %d)", ErrChanged, path, off, h.size)
 	}
 	// A same-length edit while the two passes read would leave line checksums and the
 	// fingerprint describing different bytes; the mtime says whether one happened.
 	after, err := d.statOpen()
 	if err != nil {
-		return fmt.Errorf("%w: %v", ErrBadDataset, err)
+		return fmt.Errorf("%w: %v", ErrBad, err)
 	}
 	if after != before {
-		return fmt.Errorf("%w: %s changed while it was read (%s); open it again once nothing writes it", ErrDatasetChanged, path, describeChange(before, after))
+		return fmt.Errorf("%w: %s changed while it was read (%s); open it again once nothing writes it", ErrChanged, path, describeChange(before, after))
 	}
 	d.stat = after
 	if keyAfter, err := cacheKeyOf(f); keyErr == nil && err == nil && keyAfter == keyBefore {
 		d.indexedKey = indexedKey{key: keyBefore, began: began, ok: true}
 	}
 	if len(d.lines) == 0 {
-		return fmt.Errorf("%w: %s has no samples", ErrBadDataset, path)
+		return fmt.Errorf("%w: %s has no samples", ErrBad, path)
 	}
 	d.Size = off
 	d.Fingerprint = h.sum
@@ -508,6 +509,9 @@ func (d *Dataset) Len() int { return len(d.lines) }
 // Tokens is the sample's token count (an upper bound for a text sample).
 func (d *Dataset) Tokens(i int) int { return int(d.lines[i].tokens) }
 
+// IsText says whether sample i is text, which the server tokenizes, rather than input_ids.
+func (d *Dataset) IsText(i int) bool { return d.lines[i].text }
+
 // TotalTokens sums Tokens over the samples where include is true (all if nil).
 func (d *Dataset) TotalTokens(include func(int) bool) int64 {
 	var n int64
@@ -520,8 +524,8 @@ func (d *Dataset) TotalTokens(include func(int) bool) int64 {
 }
 
 // Sample reads sample i back from the file. The file must not change under a running
-// job: an edit, a replacement or a removal since OpenDataset, or line bytes that differ
-// from those indexed, is an error wrapping ErrDatasetChanged, never a sample.
+// job: an edit, a replacement or a removal since Open, or line bytes that differ
+// from those indexed, is an error wrapping ErrChanged, never a sample.
 func (d *Dataset) Sample(i int) (Sample, error) {
 	l := d.lines[i]
 	if err := d.checkUnchanged(); err != nil {
@@ -569,7 +573,7 @@ func (d *Dataset) checkUnchanged() error {
 }
 
 func (d *Dataset) changed(i int, what string) error {
-	return fmt.Errorf("%w: dataset %s, read for sample %d (line %d): %s; restore the file as it was when the run started, or start over with --fresh", ErrDatasetChanged, d.Path, i, i+1, what)
+	return fmt.Errorf("%w: dataset %s, read for sample %d (line %d): %s; restore the file as it was when the run started, or start over with --fresh", ErrChanged, d.Path, i, i+1, what)
 }
 
 func describeChange(was, now fileID) string {

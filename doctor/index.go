@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 // Doctor's index check: the facts come from checkpoint.InspectIndex, which reads the
 // index in one short read-only open; these functions judge them.
@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,9 +14,9 @@ import (
 	"github.com/extract-dev/extract/checkpoint"
 )
 
-// repairFix is the fix for an index that cannot be read: the output files describe
+// RepairFix is the fix for an index that cannot be read: the output files describe
 // themselves, so nothing is lost with it.
-const repairFix = "`extract verify --repair` moves it aside (kept as index.db.broken-<time>) and rebuilds the index from the output files"
+const RepairFix = "`extract verify --repair` moves it aside (kept as index.db.broken-<time>) and rebuilds the index from the output files"
 
 // loadIndex reads the index into d.index (checkpoint.InspectIndex opens it read-only,
 // reads it, closes it and then stats a sample of the done files; a caller's open index
@@ -31,8 +30,8 @@ func (d *doctor) loadIndex() {
 	if d.opt.Index != nil {
 		f, err = heldIndexFacts(d.opt.Index, d.cfg.OutputDir)
 	} else {
-		if h, held := LockHolder(d.cfg.StateDir); held {
-			if !h.IsRun() {
+		if h, held := d.opt.Job.LockHolder(); held {
+			if !h.Run {
 				verdict(warnCheck(name, "wait for it to end, then run doctor again for the index checks (a run started now exits 75)",
 					"%s holds the lock; the index is not opened meanwhile", h))
 				return
@@ -46,8 +45,8 @@ func (d *doctor) loadIndex() {
 	}
 	switch {
 	case errors.Is(err, checkpoint.ErrLocked):
-		if h, held := LockHolder(d.cfg.StateDir); held {
-			if !h.IsRun() {
+		if h, held := d.opt.Job.LockHolder(); held {
+			if !h.Run {
 				verdict(warnCheck(name, "wait for it to end, then run doctor again for the index checks", "%s holds the index; it was not read", h))
 				return
 			}
@@ -59,16 +58,16 @@ func (d *doctor) loadIndex() {
 		return
 	case errors.Is(err, checkpoint.ErrDamaged):
 		// The error names the file and the damage (issue 8, item 6).
-		verdict(failCheck(name, repairFix, "%v", err))
+		verdict(failCheck(name, RepairFix, "%v", err))
 		return
 	case err != nil && strings.Contains(err.Error(), "schema_version"):
 		verdict(failCheck(name, "use the extract release that wrote this index", "%v", err))
 		return
 	case err != nil:
-		verdict(failCheck(name, repairFix, "read %s: %v", path, err))
+		verdict(failCheck(name, RepairFix, "read %s: %v", path, err))
 		return
 	case !f.Exists || !f.Initialised:
-		if n, err := jobFiles(d.cfg, d.span()); err == nil && n > 0 {
+		if n, err := d.opt.Job.OutputFiles(d.ds); err == nil && n > 0 {
 			// A lost index, not a new job: a run would recompute every file.
 			verdict(failCheck(name, "`extract verify --repair` rebuilds the index from them (they are self-describing), then `extract run --resume`",
 				"no job in %s, but %d output files of this job are under %s: the index was lost", path, n, d.cfg.OutputDir))
@@ -89,14 +88,6 @@ func (d *doctor) loadIndex() {
 		d.prog = f.Progress
 		d.complete = f.Counters.Done == f.Meta.Total
 	}
-}
-
-// span is the samples this job owns: the shard's range, or every sample.
-func (d *doctor) span() shardSpan {
-	if d.ds == nil {
-		return shardSpan{0, math.MaxInt}
-	}
-	return spanOf(d.cfg, d.ds.Len())
 }
 
 // heldIndexFacts reads what InspectIndex reads from an index the caller holds open

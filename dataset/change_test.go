@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"errors"
@@ -21,12 +21,12 @@ func changeDataset(t *testing.T, n int) string {
 	return writeDataset(t, b.String())
 }
 
-// wantChanged checks err is ErrDatasetChanged (and so ErrBadDataset, exit 2) and that
+// wantChanged checks err is ErrChanged (and so ErrBad, exit 2) and that
 // its message says each of want.
 func wantChanged(t *testing.T, err error, want ...string) {
 	t.Helper()
-	if !errors.Is(err, ErrDatasetChanged) || !errors.Is(err, ErrBadDataset) {
-		t.Fatalf("err = %v, want ErrDatasetChanged wrapping ErrBadDataset", err)
+	if !errors.Is(err, ErrChanged) || !errors.Is(err, ErrBad) {
+		t.Fatalf("err = %v, want ErrChanged wrapping ErrBad", err)
 	}
 	for _, w := range append(want, "--fresh") {
 		if !strings.Contains(err.Error(), w) {
@@ -37,7 +37,7 @@ func wantChanged(t *testing.T, err error, want ...string) {
 
 func TestASameLengthEditInPlaceAfterOpenIsCaughtByTheLinesChecksum(t *testing.T) {
 	path := changeDataset(t, 100)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +65,7 @@ func TestASameLengthEditInPlaceAfterOpenIsCaughtByTheLinesChecksum(t *testing.T)
 
 func TestAnEditThatMovesTheMtimeIsCaughtOnAnyLine(t *testing.T) {
 	path := changeDataset(t, 100)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestAnEditThatMovesTheMtimeIsCaughtOnAnyLine(t *testing.T) {
 
 func TestAnAppendedLineIsCaughtBySize(t *testing.T) {
 	path := changeDataset(t, 10)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestAnAppendedLineIsCaughtBySize(t *testing.T) {
 
 func TestADatasetReplacedByRenameIsCaught(t *testing.T) {
 	path := changeDataset(t, 10)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestADatasetReplacedByRenameIsCaught(t *testing.T) {
 
 func TestADatasetRemovedDuringTheRunIsCaught(t *testing.T) {
 	path := changeDataset(t, 10)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +140,7 @@ func TestADatasetRemovedDuringTheRunIsCaught(t *testing.T) {
 
 func TestAnUntouchedDatasetReadByManyGoroutinesIsNeverCalledChanged(t *testing.T) {
 	path := changeDataset(t, 500)
-	d, err := OpenDataset(path)
+	d, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,10 @@
-package orchestrator
+package doctor
 
 import (
 	"context"
 	"path/filepath"
 
+	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/orchestrator/prepare"
 )
 
@@ -24,7 +25,7 @@ func (d *doctor) loadConversations() (c Check, done bool) {
 		return failCheck("dataset", "remove "+dir+" (extract run --fresh prepares it again)", "%v", err), true
 	}
 	if ok && m.Complete {
-		if ds, err := OpenDataset(filepath.Join(dir, prepare.DatasetName)); err == nil {
+		if ds, err := dataset.Open(filepath.Join(dir, prepare.DatasetName)); err == nil {
 			d.ds, d.ownDS = ds, true
 			return okCheck("dataset", "conversations %s, prepared into %s: %d samples, %d tokens, %d lines refused", d.cfg.Dataset, ds.Path, ds.Len(), ds.TotalTokens(nil), m.Counts.RefusedTotal()), true
 		}
@@ -39,7 +40,7 @@ func (d *doctor) checkTokenizer(context.Context) []Check {
 	if conv, err := prepare.IsConversations(d.cfg); err != nil || !conv {
 		return nil
 	}
-	if err := checkConversationJob(d.cfg); err != nil {
+	if err := d.opt.Job.CheckConversations(); err != nil {
 		return []Check{failCheck("tokenizer", "point prepare.tokenizer (or server.model_path) at the model's folder; set prepare.trust_remote_code or vocab.draft_size as the reason says", "%v", err)}
 	}
 	if d.cfg.Server.Kind == "simulator" {

@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 // The checks of the server's side of the node: GPUs, port, model, dump hook, and the
 // SGLang install the server would run. The facts come from package sglang; these

@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"bufio"
@@ -62,7 +62,7 @@ func BenchmarkOpenDataset(b *testing.B) {
 			}
 			b.SetBytes(st.Size())
 			for b.Loop() {
-				d, err := OpenDataset(path)
+				d, err := Open(path)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -98,13 +98,13 @@ func BenchmarkOpenDatasetCached(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.SetBytes(st.Size())
-			d, err := OpenDatasetCached(context.Background(), datasetConfig(path, state))
+			d, err := OpenCached(context.Background(), datasetConfig(path, state))
 			if err != nil {
 				b.Fatal(err)
 			}
 			d.Close()
 			for b.Loop() {
-				d, err := OpenDatasetCached(context.Background(), datasetConfig(path, state))
+				d, err := OpenCached(context.Background(), datasetConfig(path, state))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -119,7 +119,7 @@ func BenchmarkOpenDatasetCached(b *testing.B) {
 
 // BenchmarkDatasetSample is the re-read and decode of one sample before its request.
 func BenchmarkDatasetSample(b *testing.B) {
-	d, err := OpenDataset(benchDataset(b, 64, 2000, 2300))
+	d, err := Open(benchDataset(b, 64, 2000, 2300))
 	if err != nil {
 		b.Fatal(err)
 	}

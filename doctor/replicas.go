@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/extract-dev/extract/configs"
+	"github.com/extract-dev/extract/internal/errclass"
 	"github.com/extract-dev/extract/sglang"
 )
 
@@ -97,11 +98,11 @@ func (d *doctor) checkReplica(r int, gpus map[int]sglang.GPU, nvml bool) Check {
 	return okCheck(name, "%s", reason)
 }
 
-// checkReplicaFit refuses a job whose servers need more GPUs than NVML sees (exit 2, a
+// CheckReplicaFit refuses a job whose servers need more GPUs than NVML sees (exit 2, a
 // config to fix): replicas·tp_size against the node. Without NVML it says nothing, and
 // doctor's GPU check reports the missing driver; a listed server.gpus was already held
 // to replicas·tp_size by the config's validation.
-func checkReplicaFit(cfg *configs.Config, insp *sglang.GPUInspector) error {
+func CheckReplicaFit(cfg *configs.Config, insp *sglang.GPUInspector) error {
 	if cfg.Server.Kind == sglang.KindSimulator {
 		return nil // no GPUs; a transformers test backend fails doctor's own checks if absent
 	}
@@ -113,5 +114,5 @@ func checkReplicaFit(cfg *configs.Config, insp *sglang.GPUInspector) error {
 	if !rep.Available || rep.Count >= need {
 		return nil
 	}
-	return fmt.Errorf("%w: server.replicas %d × server.tp_size %d needs %d GPUs, but NVML sees %d on this node: lower server.replicas or server.tp_size", ErrRefused, cfg.Server.Replicas, cfg.Server.TPSize, need, rep.Count)
+	return fmt.Errorf("%w: server.replicas %d × server.tp_size %d needs %d GPUs, but NVML sees %d on this node: lower server.replicas or server.tp_size", errclass.ErrRefused, cfg.Server.Replicas, cfg.Server.TPSize, need, rep.Count)
 }

@@ -1,4 +1,4 @@
-package orchestrator
+package dataset
 
 import (
 	"os"
@@ -34,7 +34,7 @@ func TestPreparedLinesScanFastAndKeepTheirSourceID(t *testing.T) {
 	}
 	p := filepath.Join(t.TempDir(), "d.jsonl")
 	os.WriteFile(p, []byte(`{"input_ids":[5,6],"loss_mask":[0,1],"id":"x","line":2}`+"\n"), 0o644)
-	ds, err := OpenDataset(p)
+	ds, err := Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}

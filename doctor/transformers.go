@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 import (
 	"context"
@@ -43,7 +43,7 @@ func (d *doctor) checkTransformers(ctx context.Context) []Check {
 	if err != nil {
 		return []Check{failCheck("python", fixPy, "server.python %q: %v", s.Python, err)}
 	}
-	spec := launchSpec(d.cfg, "")
+	spec := d.opt.Job.Launch
 	ctx, cancel := context.WithTimeoutCause(ctx, doctorPythonTimeout, fmt.Errorf("no answer in %v", doctorPythonTimeout))
 	defer cancel()
 	f, err := sglang.ProbeTransformers(ctx, path, spec.Environ(), s.ModelPath, s.Transformers.Dtype)

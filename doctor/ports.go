@@ -1,4 +1,4 @@
-package orchestrator
+package doctor
 
 import (
 	"context"
@@ -24,8 +24,8 @@ func (d *doctor) checkStatusPort(context.Context) []Check {
 		return []Check{okCheck(name, "%s: a free port is picked at start and recorded in run.json", listen)}
 	}
 	if d.running > 0 {
-		if ri, err := readRunInfo(d.cfg.StateDir); err == nil && ri.PID == d.running {
-			return []Check{okCheck(name, "%s is the running run's (pid %d, serving on %s)", listen, d.running, ri.StatusAddr)}
+		if addr, ok := d.opt.Job.RunStatusAddr(d.running); ok {
+			return []Check{okCheck(name, "%s is the running run's (pid %d, serving on %s)", listen, d.running, addr)}
 		}
 	}
 	use, err := sglang.ProbePort(host, port)
