@@ -9,8 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/extract-dev/extract/internal/conversation"
 )
@@ -129,20 +129,28 @@ func TestPrepareWritesTheSimulatorContractAndListsRefusals(t *testing.T) {
 	}
 }
 
-// stopAfter cancels the run once n batches were encoded: a kill between chunks.
-type stopAfter struct {
+// stopAtChunk stops the run between chunks: batches of the first chunks chunks are
+// encoded, and a batch of a later one waits until the manifest in dir lists those
+// chunks, then cancels the run. (Counting batches instead once stopped a run whose
+// first chunk still waited on a worker slow to take its batch.)
+type stopAtChunk struct {
 	Simulator
-	n      int32
-	seen   atomic.Int32
+	dir    string
+	chunks int
 	cancel context.CancelFunc
 }
 
-func (s *stopAfter) Encode(ctx context.Context, w int, convs []conversation.Conversation) ([]conversation.Result, error) {
-	if s.seen.Add(1) > s.n {
-		s.cancel()
-		return nil, ctx.Err()
+func (s *stopAtChunk) Encode(ctx context.Context, w int, convs []conversation.Conversation) ([]conversation.Result, error) {
+	if (convs[0].Line-1)/10 < s.chunks { // options' ChunkLines
+		return s.Simulator.Encode(ctx, w, convs)
 	}
-	return s.Simulator.Encode(ctx, w, convs)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if m, ok, err := ReadManifest(s.dir); err == nil && ok && len(m.Chunks) >= s.chunks {
+			break
+		}
+	}
+	s.cancel()
+	return nil, ctx.Err()
 }
 
 func TestPrepareResumesAfterAStopAndMatchesAnUninterruptedRun(t *testing.T) {
@@ -153,7 +161,7 @@ func TestPrepareResumesAfterAStopAndMatchesAnUninterruptedRun(t *testing.T) {
 	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	tok := &stopAfter{Simulator: Simulator{EndOfTurn: true, N: 2}, n: 12, cancel: cancel}
+	tok := &stopAtChunk{Simulator: Simulator{EndOfTurn: true, N: 2}, dir: dir, chunks: 1, cancel: cancel}
 	if _, err := Run(ctx, options(from, dir), tok); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped run: %v", err)
 	}
@@ -184,7 +192,7 @@ func TestPrepareRedoesADamagedChunkAndALostDataset(t *testing.T) {
 	good, _ := os.ReadFile(filepath.Join(clean, DatasetName))
 	dir := t.TempDir()
 	ctx, cancel := context.WithCancel(context.Background())
-	if _, err := Run(ctx, options(from, dir), &stopAfter{Simulator: Simulator{EndOfTurn: true}, n: 9, cancel: cancel}); !errors.Is(err, context.Canceled) {
+	if _, err := Run(ctx, options(from, dir), &stopAtChunk{Simulator: Simulator{EndOfTurn: true}, dir: dir, chunks: 2, cancel: cancel}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("stopped run: %v", err)
 	}
 	if m, _, _ := ReadManifest(dir); len(m.Chunks) < 2 {
