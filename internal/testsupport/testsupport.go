@@ -36,10 +36,13 @@ const (
 	Chromium Kind = "chromium"
 	// SGLangSrc: ../shared/sglang-src, the SGLang commits the dump hook is tested against.
 	SGLangSrc Kind = "sglang-src"
+	// PythonJinja: a python3 that imports jinja2, for the prepare worker
+	// (sglang/tokenizer) over a stand-in transformers.
+	PythonJinja Kind = "python-jinja2"
 )
 
 // Kinds are every kind, in the order a report lists them.
-var Kinds = []Kind{FUSE, Root, Torch, Slurm, TransformersServer, Chromium, SGLangSrc}
+var Kinds = []Kind{FUSE, Root, Torch, Slurm, TransformersServer, Chromium, SGLangSrc, PythonJinja}
 
 const (
 	// EnvRequire lists, comma-separated, the kinds whose tests must run here.
@@ -175,6 +178,10 @@ func probeOnce(kind Kind) string {
 	case Chromium:
 		if ChromiumPath() == "" {
 			return "no chromium or chromium-browser on PATH (apt-get install chromium)"
+		}
+	case PythonJinja:
+		if out, err := exec.Command("python3", "-c", "import jinja2").CombinedOutput(); err != nil {
+			return fmt.Sprintf("python3 cannot import jinja2 (apt-get install python3-jinja2): %v %s", err, lastLine(out))
 		}
 	case SGLangSrc:
 		if SGLangSource() == "" {

@@ -13,26 +13,24 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/internal/conversation"
+	"github.com/extract-dev/extract/internal/testsupport"
 	"github.com/extract-dev/extract/sglang/simulator"
 )
 
-// needPython finds python3 with jinja2 for the worker. Without it the test skips, unless
-// EXTRACT_CI_REQUIRE names python, where it fails: CI must not pass by skipping.
+// needPython finds python3 with jinja2 for the worker: a skip without it, a failure
+// where CI requires it (testsupport.PythonJinja).
 func needPython(t *testing.T) string {
 	t.Helper()
+	testsupport.Require(t, testsupport.PythonJinja)
 	pythonOnce.Do(func() {
 		// The interpreter itself, not a launcher script (pyenv's shims cost a second a start).
 		out, err := exec.Command("python3", "-c", "import jinja2, sys; print(sys.executable)").Output()
 		python, pythonErr = strings.TrimSpace(string(out)), err
 	})
-	py, err := python, pythonErr
-	if err != nil {
-		if strings.Contains(os.Getenv("EXTRACT_CI_REQUIRE"), "python") {
-			t.Fatalf("python3 with jinja2 is required (EXTRACT_CI_REQUIRE): %v", err)
-		}
-		t.Skipf("no python3 with jinja2 (%v): the prepare worker cannot be tested here", err)
+	if pythonErr != nil {
+		testsupport.Unavailable(t, testsupport.PythonJinja, "python3 -c 'import jinja2': %v", pythonErr)
 	}
-	return py
+	return python
 }
 
 var (
