@@ -1,33 +1,28 @@
 // Package tokenizer runs the target's own tokenizer and chat template for prepare: a
 // Python worker shipped in this binary (worker/extract_prepare.py), started in
-// server.python as one process per core, each loading AutoTokenizer from the model's
-// folder offline. It also reads the facts about a tokenizer folder that need no Python:
+// server.python, that loads AutoTokenizer from the model's folder offline once and forks
+// one worker per core. It also reads the facts about a tokenizer folder that need no Python:
 // what the prepared data's fingerprint covers, whether the folder is usable (doctor),
 // and the target's vocabulary size.
 //
 // What it keeps: a worker's stdout carries only protocol lines (the worker moves
 // whatever libraries print to stderr); a worker that dies, answers out of protocol or
 // is cancelled fails the call, never a conversation silently; every worker ends with
-// the pool (stdin closed, then killed), and with extract (Pdeathsig).
+// the pool (its requests closed, then killed), and with extract (Pdeathsig, from
+// extract to the zygote and from the zygote to each worker).
 package tokenizer
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
-	"syscall"
-	"time"
 
 	"github.com/extract-dev/extract/internal/atomicfile"
 	"github.com/extract-dev/extract/internal/conversation"
@@ -59,7 +54,7 @@ type Config struct {
 	Log             *slog.Logger
 }
 
-// Ready is what a worker reports once its tokenizer is loaded.
+// Ready is what the worker process reports once its tokenizer is loaded.
 type Ready struct {
 	Method        string  `json:"method"`
 	Fast          bool    `json:"fast"`
@@ -69,11 +64,15 @@ type Ready struct {
 	Protocol      string  `json:"protocol"`
 	Error         string  `json:"error"`
 	ReadyReported bool    `json:"ready"`
+	PIDs          []int   `json:"pids"` // the forked workers', in order
 }
 
-// Pool is N worker processes; worker w serves the caller that passes w.
+// Pool is one Python process that loads the tokenizer and forks N workers (importing
+// transformers is most of a start, and 16 imports at once took 16 s on the device);
+// worker w serves the caller that passes w, over its own pair of pipes.
 type Pool struct {
 	cfg       Config
+	zygote    *zygote
 	procs     []*proc
 	ready     Ready
 	vocab     int
@@ -81,15 +80,6 @@ type Pool struct {
 	tmplHash  string
 	once      sync.Once
 	startErr  error
-}
-
-type proc struct {
-	cmd    *exec.Cmd
-	stdin  io.WriteCloser
-	out    *bufio.Reader
-	stderr *tailBuffer
-	mu     sync.Mutex
-	done   chan struct{}
 }
 
 // Install writes the shipped worker into dir atomically and returns its path.
@@ -122,8 +112,8 @@ func New(cfg Config) (*Pool, error) {
 	return p, nil
 }
 
-// Start is New, then every process started: it returns once each has loaded the
-// tokenizer, or with the first one's error.
+// Start is New, then the workers started: it returns once the tokenizer is loaded and
+// the workers forked, or with the worker process's error.
 func Start(ctx context.Context, cfg Config) (*Pool, error) {
 	p, err := New(cfg)
 	if err != nil {
@@ -139,135 +129,6 @@ func Start(ctx context.Context, cfg Config) (*Pool, error) {
 func (p *Pool) start(ctx context.Context) error {
 	p.once.Do(func() { p.startErr = p.startAll(ctx) })
 	return p.startErr
-}
-
-func (p *Pool) startAll(ctx context.Context) error {
-	cfg := p.cfg
-	path, err := Install(cfg.WorkDir)
-	if err != nil {
-		return fmt.Errorf("install the prepare worker: %w", err)
-	}
-	hello, err := json.Marshal(map[string]any{
-		"tokenizer": cfg.Tokenizer, "chat_template_file": cfg.TemplateFile, "trust_remote_code": cfg.TrustRemoteCode,
-		"mask": cfg.Mask, "end_of_turn": cfg.EndOfTurn, "end_of_turn_tokens": cfg.EndOfTurnTokens, "template_kwargs": cfg.TemplateKwargs,
-	})
-	if err != nil {
-		return err
-	}
-	type started struct {
-		i     int
-		proc  *proc
-		ready Ready
-		err   error
-	}
-	ch := make(chan started, cfg.Workers)
-	for i := range cfg.Workers {
-		go func() {
-			pr, r, err := startProc(ctx, cfg, path, hello, i)
-			ch <- started{i, pr, r, err}
-		}()
-	}
-	p.procs = make([]*proc, cfg.Workers)
-	var first error
-	for range cfg.Workers {
-		s := <-ch
-		p.procs[s.i] = s.proc
-		if s.err != nil && first == nil {
-			first = s.err
-		}
-		if s.err == nil {
-			p.ready = s.ready
-		}
-	}
-	if first != nil {
-		p.stopAll()
-		return first
-	}
-	if p.vocab == 0 {
-		p.vocab = p.ready.VocabSize
-	}
-	cfg.Log.Info("prepare: tokenizer workers ready", "workers", cfg.Workers, "mask", p.ready.Method, "fast", p.ready.Fast,
-		"vocab_size", p.vocab, "end_of_turn_ids", p.ready.EndOfTurnIDs, "tokenizer", cfg.Tokenizer)
-	return nil
-}
-
-func startProc(ctx context.Context, cfg Config, path string, hello []byte, i int) (*proc, Ready, error) {
-	cmd := exec.Command(cfg.Python, path)
-	cmd.Env = append(append(os.Environ(), cfg.Env...),
-		// One process per core already: the Rust encoder's own threads would only fight.
-		"TOKENIZERS_PARALLELISM=false", "RAYON_NUM_THREADS=1", "OMP_NUM_THREADS=1",
-		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "PYTHONUNBUFFERED=1")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		return nil, Ready{}, err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, Ready{}, err
-	}
-	tail := &tailBuffer{max: 16 << 10, log: cfg.Log, worker: i}
-	cmd.Stderr = tail
-	if err := cmd.Start(); err != nil {
-		return nil, Ready{}, fmt.Errorf("start the prepare worker in %s: %w", cfg.Python, err)
-	}
-	pr := &proc{cmd: cmd, stdin: stdin, out: bufio.NewReaderSize(stdout, 1<<20), stderr: tail, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(pr.done) }() // an exit shows to call as EOF, with stderr's tail
-	var r Ready
-	err = pr.call(ctx, hello, &r)
-	if err == nil && r.Error != "" {
-		err = errors.New(r.Error)
-	}
-	if err == nil && (!r.ReadyReported || r.Protocol != "1") {
-		err = fmt.Errorf("the worker answered out of protocol (protocol %q)", r.Protocol)
-	}
-	if err != nil {
-		return pr, r, fmt.Errorf("prepare worker %d (%s %s, tokenizer %s): %w%s", i, cfg.Python, path, cfg.Tokenizer, err, tail.suffix())
-	}
-	return pr, r, nil
-}
-
-// call writes one request line and reads one answer line into v.
-func (pr *proc) call(ctx context.Context, req []byte, v any) error {
-	pr.mu.Lock()
-	defer pr.mu.Unlock()
-	stop := context.AfterFunc(ctx, func() { _ = pr.cmd.Process.Kill() })
-	defer stop()
-	if _, err := pr.stdin.Write(append(req, '\n')); err != nil {
-		return pr.failed(ctx, fmt.Errorf("write to the worker: %w", err))
-	}
-	var line []byte
-	for {
-		chunk, err := pr.out.ReadSlice('\n')
-		line = append(line, chunk...)
-		if len(line) > maxReply {
-			_ = pr.cmd.Process.Kill()
-			return fmt.Errorf("the worker's answer is over %d bytes", maxReply)
-		}
-		if errors.Is(err, bufio.ErrBufferFull) {
-			continue
-		}
-		if err != nil {
-			return pr.failed(ctx, fmt.Errorf("read from the worker: %w", err))
-		}
-		break
-	}
-	if err := json.Unmarshal(line, v); err != nil {
-		return fmt.Errorf("the worker answered out of protocol: %v", err)
-	}
-	return nil
-}
-
-func (pr *proc) failed(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	select {
-	case <-pr.done:
-		return fmt.Errorf("%w (the worker exited: %v)%s", err, pr.cmd.ProcessState, pr.stderr.suffix())
-	default:
-		return err
-	}
 }
 
 // Workers is the number of processes.
@@ -381,76 +242,3 @@ func (p *Pool) Close() error {
 	p.stopAll()
 	return nil
 }
-
-func (p *Pool) stopAll() {
-	// Every stdin first, then one shared wait: a worker with transformers loaded takes
-	// a second or more to exit, and one after the other that was 20 s of 16 workers
-	// (most of a 40,000-conversation prepare on the device, docs/dataset.md).
-	for _, pr := range p.procs {
-		if pr != nil {
-			_ = pr.stdin.Close()
-		}
-	}
-	deadline := time.Now().Add(exitGrace)
-	for _, pr := range p.procs {
-		if pr == nil {
-			continue
-		}
-		select {
-		case <-pr.done:
-		case <-time.After(time.Until(deadline)):
-			_ = pr.cmd.Process.Kill()
-			<-pr.done
-		}
-	}
-}
-
-// tailBuffer keeps the end of a worker's stderr for error messages and logs each line.
-type tailBuffer struct {
-	mu     sync.Mutex
-	max    int
-	buf    []byte
-	log    *slog.Logger
-	worker int
-	part   []byte
-}
-
-func (t *tailBuffer) Write(b []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = append(t.buf, b...)
-	if len(t.buf) > t.max {
-		t.buf = t.buf[len(t.buf)-t.max:]
-	}
-	t.part = append(t.part, b...)
-	for {
-		i := bytes.IndexByte(t.part, '\n')
-		if i < 0 {
-			break
-		}
-		line := string(t.part[:i])
-		if stats, ok := strings.CutPrefix(line, "extract-prepare: worker stats "); ok {
-			t.log.Info("prepare worker stats", "worker", t.worker, "stats", stats)
-		} else {
-			t.log.Debug("prepare worker", "worker", t.worker, "stderr", line)
-		}
-		t.part = t.part[i+1:]
-	}
-	if len(t.part) > t.max {
-		t.part = t.part[:0]
-	}
-	return len(b), nil
-}
-
-func (t *tailBuffer) suffix() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := bytes.TrimSpace(t.buf)
-	if len(s) == 0 {
-		return ""
-	}
-	return "; its stderr ends:\n" + string(s)
-}
-
-// exitGrace is how long the workers have to exit once their stdin is closed.
-const exitGrace = 5 * time.Second

@@ -1,9 +1,12 @@
 """extract's prepare worker: conversations to input_ids and an exact assistant loss mask,
 with the target's own tokenizer and chat template.
 
-Shipped inside the extract binary and run by it in server.python, one process per core.
-Protocol (JSON lines): the first line on stdin is the config; the worker answers
-{"ready": true, ...} or {"error": "..."}; then each request line is answered by one line:
+Shipped inside the extract binary and run by it in server.python. Protocol (JSON lines):
+the first line on stdin is the config; the worker answers {"ready": true, ...} or
+{"error": "..."}. With "worker_fds" ([[in, out], ...], descriptors extract passed) this
+process loads the tokenizer once and forks one worker per pair, each serving its own
+pair (the ready line lists their pids); without, it serves stdin and stdout itself.
+Each request line is answered by one line:
 
   {"op": "encode", "convs": [{"messages": [...], "tools": [...]}]}
       -> {"results": [{"ids": [...], "mask": [...], "spans": [[start, end, loss, turn, rule]]}
@@ -362,26 +365,17 @@ def to_hf(m):
     return out
 
 
-def main():
-    proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)  # libraries that print reach stderr, never the protocol
-    sys.stdout = sys.stderr
+def serve(worker, index, requests, proto):
+    """Answers request lines until EOF. Where the worker's time went goes to stderr as one
+    line at the end (extract logs it): busy in requests, or waiting for the next one (the
+    orchestrator's side is then the limit)."""
 
     def reply(obj):
         proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
         proto.flush()
 
-    line = sys.stdin.readline()
-    try:
-        worker = Worker(json.loads(line))
-    except Exception as e:
-        reply({"error": f"{type(e).__name__}: {e}"})
-        return 1
-    reply(worker.ready())
-    # Where a worker's time went, one stderr line at the end (extract logs it): busy in
-    # requests, or waiting for the next one (the orchestrator's side is then the limit).
     started, busy, convs, first = time.monotonic(), 0.0, 0, None
-    for line in sys.stdin:
+    for line in requests:
         t = time.monotonic()
         first = t if first is None else first
         req = json.loads(line)
@@ -398,10 +392,93 @@ def main():
             reply({"error": f"unknown op {req['op']!r}"})
         busy += time.monotonic() - t
     end = time.monotonic()
-    print("extract-prepare: worker stats " + json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
+    print(f"extract-prepare: worker {index} stats " + json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
           "idle_s": round(end - (first or end) - busy, 3), "waiting_for_first_s": round((first or end) - started, 3),
-          "conversations": convs}), file=sys.stderr)
-    return 0
+          "conversations": convs}), file=sys.stderr, flush=True)
+
+
+def die_with_parent(parent):
+    """A forked worker ends with the process that forked it (PR_SET_PDEATHSIG), not only
+    at EOF: a worker busy in a long batch would otherwise outlive a killed pool."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception as e:  # not Linux: EOF on its requests still ends it
+        print(f"extract-prepare: no PR_SET_PDEATHSIG ({e})", file=sys.stderr)
+    if os.getppid() != parent:  # the parent died before the prctl
+        os._exit(1)
+
+
+def fork_workers(worker, fds, proto):
+    """The zygote: the tokenizer loaded once (importing transformers is most of a start),
+    then one forked worker per pair of descriptors extract passed. It reports how each
+    ended and exits once all have."""
+    zygote, pids = os.getpid(), {}
+    sys.stderr.flush()  # or each child would print what the zygote had buffered again
+    for i, (rfd, wfd) in enumerate(fds):
+        pid = os.fork()
+        if pid == 0:
+            die_with_parent(zygote)
+            proto.close()
+            for j, pair in enumerate(fds):
+                if j != i:
+                    for fd in pair:
+                        os.close(fd)
+            rc = 0
+            try:
+                serve(worker, i, os.fdopen(rfd, "r", encoding="utf-8"), os.fdopen(wfd, "w", encoding="utf-8"))
+            except BaseException as e:  # the traceback is what extract's error quotes
+                import traceback
+                traceback.print_exc()
+                print(f"extract-prepare: worker {i} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                rc = 1
+            sys.stderr.flush()
+            os._exit(rc)  # no interpreter teardown: with transformers loaded it takes a second
+        pids[pid] = i
+    for pair in fds:
+        for fd in pair:
+            os.close(fd)
+    return pids
+
+
+def describe(status):
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # libraries that print reach stderr, never the protocol
+    sys.stdout = sys.stderr
+
+    def reply(obj):
+        proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        proto.flush()
+
+    try:
+        cfg = json.loads(sys.stdin.readline())
+        worker = Worker(cfg)
+    except Exception as e:
+        reply({"error": f"{type(e).__name__}: {e}"})
+        return 1
+    fds = cfg.get("worker_fds")
+    if not fds:  # one worker on stdin and stdout (a person at a shell)
+        reply(worker.ready())
+        serve(worker, 0, sys.stdin, proto)
+        return 0
+    pids = fork_workers(worker, fds, proto)
+    reply(dict(worker.ready(), pids=sorted(pids, key=pids.get)))
+    proto.close()
+    failed = 0
+    while pids:
+        pid, status = os.wait()
+        i = pids.pop(pid, None)
+        if i is not None and status != 0:
+            failed = 1
+            print(f"extract-prepare: worker {i} exited: {describe(status)}", file=sys.stderr)
+    sys.stderr.flush()
+    os._exit(failed)
 
 
 if __name__ == "__main__":

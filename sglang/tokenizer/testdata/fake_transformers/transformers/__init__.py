@@ -9,7 +9,9 @@ byte-level tokenizer described by <folder>/fake_tokenizer.json:
 Each UTF-8 byte b is token b+3 (the simulator's contract), a special token's text is its
 id, a merge joins two characters into one token wherever they meet (so a render cut
 between them tokenizes differently: what the token-prefix method must catch).
-FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does.
+FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does;
+FAKE_ENCODE_SECONDS makes each encode call that long (a worker busy in a batch);
+FAKE_LOAD_LOG names a file that gets a line per from_pretrained (loads are counted).
 """
 
 import atexit
@@ -65,6 +67,8 @@ class FakeTokenizer:
 
     def __call__(self, texts, add_special_tokens=False, return_offsets_mapping=False):
         assert add_special_tokens is False
+        if os.environ.get("FAKE_ENCODE_SECONDS"):
+            time.sleep(float(os.environ["FAKE_ENCODE_SECONDS"]))
         encs = [self._encode(t) for t in texts]
         out = {"input_ids": [e[0] for e in encs]}
         if return_offsets_mapping:
@@ -85,6 +89,9 @@ class AutoTokenizer:
     @staticmethod
     def from_pretrained(path, local_files_only=False, trust_remote_code=False):
         assert local_files_only, "the worker must load offline"
+        if os.environ.get("FAKE_LOAD_LOG"):
+            with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
+                f.write(f"{os.getpid()}\n")
         with open(os.path.join(path, "fake_tokenizer.json"), encoding="utf-8") as f:
             spec = json.load(f)
         if spec.get("needs_remote_code") and not trust_remote_code:
