@@ -65,6 +65,8 @@ type Ready struct {
 	Error         string  `json:"error"`
 	ReadyReported bool    `json:"ready"`
 	PIDs          []int   `json:"pids"` // the forked workers', in order
+	// Timings is where the start's seconds went (python_s, import_s, load_s, ...), logged.
+	Timings map[string]any `json:"timings"`
 }
 
 // Pool is one Python process that loads the tokenizer and forks N workers (importing

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -418,4 +419,55 @@ func TestCloseEndsTheWorkersWithoutTheirTeardown(t *testing.T) {
 			t.Fatalf("worker %d (pid %d) is still running after Close", w, pr.pid)
 		}
 	}
+}
+
+// Each worker's stats line reaches the log whole: the workers share one stderr pipe, and
+// lines written in two pieces by workers ending together came out interleaved.
+func TestEveryWorkersStatsLineIsLoggedWhole(t *testing.T) {
+	py := needPython(t)
+	abs, _ := filepath.Abs("testdata/fake_transformers")
+	var logs syncBuffer
+	p, err := Start(context.Background(), Config{Python: py, Env: []string{"PYTHONPATH=" + abs},
+		Tokenizer: tokDir(t, chatMLTags, nil), Mask: "tags", EndOfTurn: "include", Workers: 8, WorkDir: t.TempDir(),
+		Log: slog.New(slog.NewJSONHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = p.Close()
+	seen := map[float64]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var rec struct {
+			Msg    string  `json:"msg"`
+			Worker float64 `json:"worker"`
+			Stats  string  `json:"stats"`
+		}
+		if err := json.Unmarshal([]byte(line), &rec); err != nil || rec.Msg != "prepare worker stats" {
+			continue
+		}
+		var stats map[string]float64
+		if err := json.Unmarshal([]byte(rec.Stats), &stats); err != nil {
+			t.Fatalf("worker %v's stats are not one JSON object: %q", rec.Worker, rec.Stats)
+		}
+		seen[rec.Worker] = true
+	}
+	if len(seen) != 8 {
+		t.Fatalf("stats logged for %d of 8 workers:\n%s", len(seen), logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

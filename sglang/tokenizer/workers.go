@@ -135,7 +135,7 @@ func (p *Pool) startAll(ctx context.Context) error {
 		p.vocab = p.ready.VocabSize
 	}
 	cfg.Log.Info("prepare: tokenizer workers ready", "workers", cfg.Workers, "mask", p.ready.Method, "fast", p.ready.Fast,
-		"vocab_size", p.vocab, "end_of_turn_ids", p.ready.EndOfTurnIDs, "tokenizer", cfg.Tokenizer)
+		"vocab_size", p.vocab, "end_of_turn_ids", p.ready.EndOfTurnIDs, "tokenizer", cfg.Tokenizer, "start", p.ready.Timings)
 	return nil
 }
 

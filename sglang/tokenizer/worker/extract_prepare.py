@@ -112,11 +112,16 @@ def has_generation_tags(source):
 
 class Worker:
     def __init__(self, cfg):
+        t0 = time.monotonic()
         from transformers import AutoTokenizer
 
+        t1 = time.monotonic()
         self.cfg = cfg
         self.tok = AutoTokenizer.from_pretrained(cfg["tokenizer"], local_files_only=True,
                                                  trust_remote_code=bool(cfg.get("trust_remote_code")))
+        # Where a start's seconds go (extract logs them): the interpreter, the import, the load.
+        self.timings = {"python_s": round(t0 - BOOT, 3), "import_s": round(t1 - t0, 3), "load_s": round(time.monotonic() - t1, 3),
+                        "torch_imported": "torch" in sys.modules}
         source = None
         if cfg.get("chat_template_file"):
             with open(cfg["chat_template_file"], encoding="utf-8") as f:
@@ -175,7 +180,7 @@ class Worker:
             vocab = getattr(self.tok, "vocab_size", 0)
         return {"ready": True, "protocol": PROTOCOL, "method": self.method, "fast": self.backend is not None,
                 "vocab_size": vocab, "end_of_turn_ids": sorted(self.eot),
-                "template_sha256": hashlib.sha256(self.template_source.encode()).hexdigest()}
+                "template_sha256": hashlib.sha256(self.template_source.encode()).hexdigest(), "timings": self.timings}
 
     # -- rendering and encoding
 
@@ -392,9 +397,13 @@ def serve(worker, index, requests, proto):
             reply({"error": f"unknown op {req['op']!r}"})
         busy += time.monotonic() - t
     end = time.monotonic()
-    print(f"extract-prepare: worker {index} stats " + json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
-          "idle_s": round(end - (first or end) - busy, 3), "waiting_for_first_s": round((first or end) - started, 3),
-          "conversations": convs}), file=sys.stderr, flush=True)
+    stats = json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
+                        "idle_s": round(end - (first or end) - busy, 3), "waiting_for_first_s": round((first or end) - started, 3),
+                        "conversations": convs})
+    # One write of one line: the workers share a stderr pipe, and print's two writes
+    # (the text, then the newline) of 16 workers ending at once came out interleaved.
+    sys.stderr.flush()
+    os.write(2, f"extract-prepare: worker {index} stats {stats}\n".encode())
 
 
 def die_with_parent(parent):
