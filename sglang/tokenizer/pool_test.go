@@ -421,6 +421,43 @@ func TestCloseEndsTheWorkersWithoutTheirTeardown(t *testing.T) {
 	}
 }
 
+// The tokenizer loads with torch hidden from transformers (importing it was 13 of a 14 s
+// start on the device); one whose load fails without torch loads again with it.
+func TestTheTokenizerLoadsWithTorchHiddenAndAgainWithItWhereItFails(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		env    []string
+		loads  string
+		hidden bool
+	}{
+		{"hidden", nil, "torch_hidden=True\n", true},
+		{"needs torch", []string{"FAKE_NEEDS_TORCH=1"}, "torch_hidden=True\ntorch_hidden=False\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			loads := filepath.Join(t.TempDir(), "loads")
+			p := startN(t, 2, append(tc.env, "FAKE_LOAD_LOG="+loads)...)
+			b, _ := os.ReadFile(loads)
+			var got strings.Builder
+			for _, l := range strings.SplitAfter(string(b), "\n") {
+				if _, f, ok := strings.Cut(l, " "); ok {
+					got.WriteString(f)
+				}
+			}
+			if got.String() != tc.loads {
+				t.Fatalf("loads %q, want %q", got.String(), tc.loads)
+			}
+			if h, _ := p.ready.Timings["torch_hidden"].(bool); h != tc.hidden {
+				t.Fatalf("ready says torch_hidden %v, want %v", p.ready.Timings["torch_hidden"], tc.hidden)
+			}
+			for w := range 2 {
+				if _, err := p.Encode(context.Background(), w, []conversation.Conversation{multiTurn}); err != nil {
+					t.Fatalf("worker %d: %v", w, err)
+				}
+			}
+		})
+	}
+}
+
 // Each worker's stats line reaches the log whole: the workers share one stderr pipe, and
 // lines written in two pieces by workers ending together came out interleaved.
 func TestEveryWorkersStatsLineIsLoggedWhole(t *testing.T) {

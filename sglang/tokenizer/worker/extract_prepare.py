@@ -43,6 +43,9 @@ BOOT = time.monotonic()
 
 PROTOCOL = "1"
 
+# The config line handed to this process again when it re-executes itself with torch.
+HELLO_ENV, WITH_TORCH_ENV = "EXTRACT_PREPARE_HELLO", "EXTRACT_PREPARE_WITH_TORCH"
+
 
 class Refused(Exception):
     def __init__(self, reason, detail):
@@ -465,12 +468,28 @@ def main():
         proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
         proto.flush()
 
+    hello = os.environ.pop(HELLO_ENV, None) or sys.stdin.readline()
+    # Torch hidden from transformers: a tokenizer needs none of it, and importing it was
+    # 13 of a 14 s start on the device (transformers 5 imports it with AutoTokenizer).
+    # A tokenizer whose load fails without torch is loaded again with it, in a fresh
+    # interpreter (this process exec'ed with the same config).
+    hide_torch = not os.environ.get(WITH_TORCH_ENV)
+    if hide_torch:
+        sys.modules["torch"] = None  # find_spec("torch") is None: transformers sees no torch
     try:
-        cfg = json.loads(sys.stdin.readline())
+        cfg = json.loads(hello)
         worker = Worker(cfg)
     except Exception as e:
+        if hide_torch:
+            print(f"extract-prepare: the tokenizer did not load with torch hidden ({type(e).__name__}: {e}); loading it again with torch", file=sys.stderr)
+            sys.stderr.flush()
+            proto.flush()
+            os.dup2(proto.fileno(), 1)  # the protocol's stdout, as this process got it
+            os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)],
+                      dict(os.environ, **{HELLO_ENV: hello, WITH_TORCH_ENV: "1"}))
         reply({"error": f"{type(e).__name__}: {e}"})
         return 1
+    worker.timings["torch_hidden"] = hide_torch
     fds = cfg.get("worker_fds")
     if not fds:  # one worker on stdin and stdout (a person at a shell)
         reply(worker.ready())

@@ -11,12 +11,15 @@ id, a merge joins two characters into one token wherever they meet (so a render 
 between them tokenizes differently: what the token-prefix method must catch).
 FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does;
 FAKE_ENCODE_SECONDS makes each encode call that long (a worker busy in a batch);
-FAKE_LOAD_LOG names a file that gets a line per from_pretrained (loads are counted).
+FAKE_LOAD_LOG names a file that gets a line per from_pretrained (loads are counted), with
+whether torch was hidden; FAKE_NEEDS_TORCH fails a load with torch hidden, as a
+tokenizer's remote code that imports torch would.
 """
 
 import atexit
 import json
 import os
+import sys
 import time
 
 if os.environ.get("FAKE_EXIT_SECONDS"):
@@ -89,9 +92,12 @@ class AutoTokenizer:
     @staticmethod
     def from_pretrained(path, local_files_only=False, trust_remote_code=False):
         assert local_files_only, "the worker must load offline"
+        hidden = "torch" in sys.modules and sys.modules["torch"] is None
         if os.environ.get("FAKE_LOAD_LOG"):
             with open(os.environ["FAKE_LOAD_LOG"], "a") as f:
-                f.write(f"{os.getpid()}\n")
+                f.write(f"{os.getpid()} torch_hidden={hidden}\n")
+        if os.environ.get("FAKE_NEEDS_TORCH") and hidden:
+            raise ImportError("No module named 'torch' (this tokenizer's code imports it)")
         with open(os.path.join(path, "fake_tokenizer.json"), encoding="utf-8") as f:
             spec = json.load(f)
         if spec.get("needs_remote_code") and not trust_remote_code:
