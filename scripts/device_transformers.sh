@@ -22,8 +22,10 @@
 #   targets (whole job >= 0.9 x min(forward, disk); on the tmpfs >= 0.9 x forward).
 # variants: (b)'s tmpfs run under each setting in VARIANTS (';'-separated SERVER_ARGS).
 # tmpfs: the tmpfs targets alone: forward-only (b) and (c), (b)'s tmpfs run under each
-#   of VARIANTS, (c)'s under those C_VARIANTS numbers (default 1), then 256 samples of (b)
-#   checked batched and (a)'s two checks, all under the first variant.
+#   of VARIANTS, (c)'s under each C_VARIANTS entry J[:MOVERS[:huge]] (default 1: the first
+#   of VARIANTS, run.movers MOVERS, the output in /dev/shm), then 256 samples of (b)
+#   checked batched and (a)'s two checks, all under the first variant. PARTS picks
+#   which of "b c checks" run (default all three).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
@@ -260,21 +262,37 @@ EOF2
   }
   IFS=';' read -ra VS <<<"${VARIANTS:-}"
   [ ${#VS[@]} -gt 0 ] || VS=("")
+  PARTS=${PARTS:-b c checks}
   model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
   python3 "$HELP" make-data "$W/b.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  if [[ " $PARTS " == *" b "* ]]; then
   fwd_rate b big 2,4,6
   i=0
   for v in "${VS[@]}"; do
     i=$((i + 1)); cp "$W/b.jsonl" "$W/bv$i.jsonl"
     tmpfs_run "bv$i" big 8 4096 "2, 4, 6" 1024 $((31200 + i)) "$v"
   done
+  fi
+  if [[ " $PARTS " == *" c "* ]]; then
   model wide --layers 4 --hidden 7168 --intermediate 18432 --heads 56 --vocab 32000
   python3 "$HELP" make-data "$W/c.jsonl" --samples 384 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
   fwd_rate c wide 1,2,3
-  for j in ${C_VARIANTS:-1}; do
-    cp "$W/c.jsonl" "$W/cv$j.jsonl"
-    tmpfs_run "cv$j" wide 4 7168 "1, 2, 3" 384 $((31300 + j)) "${VS[$((j - 1))]}"
+  k=0
+  for spec in ${C_VARIANTS:-1}; do
+    # J[:MOVERS[:huge]]: VARIANTS' J-th server setting, run.movers, the output on a
+    # tmpfs of its own mounted huge=always (where this machine lets us mount).
+    IFS=: read -r j m huge <<<"$spec"
+    k=$((k + 1)); cp "$W/c.jsonl" "$W/cv$k.jsonl"
+    out_dir=$TMPOUT
+    if [ "${huge:-}" = huge ]; then
+      out_dir=$TMPOUT-huge; mkdir -p "$out_dir"
+      mountpoint -q "$out_dir" || mount -t tmpfs -o size=48g,huge=always tmpfs "$out_dir" || { say "variant cv$k: no huge=always tmpfs here (mount failed)"; continue; }
+    fi
+    say "variant cv$k: run.movers ${m:-${MOVERS:-4}}, output on $out_dir"
+    TMPOUT=$out_dir MOVERS=${m:-${MOVERS:-4}} tmpfs_run "cv$k" wide 4 7168 "1, 2, 3" 384 $((31300 + k)) "${VS[$((j - 1))]}"
   done
+  fi
+  if [[ " $PARTS " == *" checks "* ]]; then
   head -256 "$W/b.jsonl" >"$W/bx.jsonl"
   SERVER_ARGS=${VS[0]} config bx "$W/models/big" 8 4096 "2, 4, 6" 16384 64 31299
   run_job bx; check bx "$W/models/big" batched 2,4,6; keep
@@ -285,6 +303,7 @@ EOF2
   SERVER_ARGS=${VS[0]} config a2 "$W/models/tiny" 4 256 "1, 2, 3" 4096 16 31102
   run_job a1; check a1 "$W/models/tiny" exact 1,2,3
   run_job a2; check a2 "$W/models/tiny" batched 1,2,3; keep
+  fi
 fi
 
 if [ "$MODE" = perf ] || [ "$MODE" = all ]; then
