@@ -79,7 +79,7 @@ server:
     max_batch_requests: $7
 run:
   max_inflight: $WINDOW
-  movers: ${MOVERS:-4}
+  movers: ${MOVERS:-8}
 disk:
   reserve: 1GiB
 status:
@@ -288,8 +288,8 @@ EOF2
       out_dir=$TMPOUT-huge; mkdir -p "$out_dir"
       mountpoint -q "$out_dir" || mount -t tmpfs -o size=48g,huge=always tmpfs "$out_dir" || { say "variant cv$k: no huge=always tmpfs here (mount failed)"; continue; }
     fi
-    say "variant cv$k: run.movers ${m:-${MOVERS:-4}}, output on $out_dir"
-    TMPOUT=$out_dir MOVERS=${m:-${MOVERS:-4}} tmpfs_run "cv$k" wide 4 7168 "1, 2, 3" 384 $((31300 + k)) "${VS[$((j - 1))]}"
+    say "variant cv$k: run.movers ${m:-${MOVERS:-8}}, output on $out_dir"
+    TMPOUT=$out_dir MOVERS=${m:-${MOVERS:-8}} tmpfs_run "cv$k" wide 4 7168 "1, 2, 3" 384 $((31300 + k)) "${VS[$((j - 1))]}"
   done
   fi
   if [[ " $PARTS " == *" checks "* ]]; then

@@ -124,7 +124,7 @@ class Worker:
                                                  trust_remote_code=bool(cfg.get("trust_remote_code")))
         # Where a start's seconds go (extract logs them): the interpreter, the import, the load.
         self.timings = {"python_s": round(t0 - BOOT, 3), "import_s": round(t1 - t0, 3), "load_s": round(time.monotonic() - t1, 3),
-                        "torch_imported": "torch" in sys.modules}
+                        "torch_imported": sys.modules.get("torch") is not None}
         source = None
         if cfg.get("chat_template_file"):
             with open(cfg["chat_template_file"], encoding="utf-8") as f:
