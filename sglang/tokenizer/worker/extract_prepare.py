@@ -44,7 +44,7 @@ BOOT = time.monotonic()
 PROTOCOL = "1"
 
 # The config line handed to this process again when it re-executes itself with torch.
-HELLO_ENV, WITH_TORCH_ENV = "EXTRACT_PREPARE_HELLO", "EXTRACT_PREPARE_WITH_TORCH"
+HELLO_ENV, WITH_TORCH_ENV = "PREPARE_WORKER_HELLO", "PREPARE_WORKER_WITH_TORCH"
 
 
 class Refused(Exception):
