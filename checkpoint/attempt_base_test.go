@@ -145,15 +145,15 @@ func TestAV1IndexWithoutAttemptBaseOpensAndReadsAsBaseZero(t *testing.T) {
 
 func TestRecordAttemptRefusesANumberThatWouldReuseARid(t *testing.T) {
 	ix := newIndex(t, 4)
-	if err := ix.RecordAttempt(1, 1); err != nil {
+	if err := ix.RecordAttempt(1, 1, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, a := range []int{0, 1} {
-		if err := ix.RecordAttempt(1, a); err == nil {
+		if err := ix.RecordAttempt(1, a, ""); err == nil {
 			t.Errorf("RecordAttempt(1, %d) after attempt 1 was accepted", a)
 		}
 	}
-	if err := ix.RecordAttempt(1, 3); err != nil {
+	if err := ix.RecordAttempt(1, 3, ""); err != nil {
 		t.Errorf("a gap in attempt numbers is fine: %v", err)
 	}
 	if r, _, _ := ix.Get(1); r.Attempt != 3 || r.State != StateInflight {
@@ -168,7 +168,7 @@ func TestConcurrentRecordAttemptsAllLand(t *testing.T) {
 	var wg sync.WaitGroup
 	for s := range n {
 		wg.Go(func() {
-			if err := ix.RecordAttempt(s, 1); err != nil {
+			if err := ix.RecordAttempt(s, 1, ""); err != nil {
 				t.Error(err)
 			}
 		})

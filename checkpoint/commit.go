@@ -32,8 +32,10 @@ func (ix *Index) CommitDone(r Record) error {
 // share it, as CommitDone's callers do. An attempt number not above every attempt the
 // sample had (or the index's attempt base) is refused, so a rid is never reused; the
 // caller picks the number (NextAttempt) without a transaction of its own.
-func (ix *Index) RecordAttempt(sample, attempt int) error {
-	return ix.groupCommit(func(tx *bolt.Tx) error { return recordAttempt(tx, sample, attempt, time.Now()) })
+// sourceID is the sample's own id in its data ("" for none), kept in the record from
+// then on.
+func (ix *Index) RecordAttempt(sample, attempt int, sourceID string) error {
+	return ix.groupCommit(func(tx *bolt.Tx) error { return recordAttempt(tx, sample, attempt, sourceID, time.Now()) })
 }
 
 // AttemptBase is the attempt every new attempt must exceed (the highest attempt before
@@ -51,7 +53,7 @@ func (ix *Index) AttemptBase() (int, error) {
 // NextAttempt is the attempt number after recorded, given the index's attempt base.
 func NextAttempt(recorded, base int) int { return max(recorded, base) + 1 }
 
-func recordAttempt(tx *bolt.Tx, s, attempt int, now time.Time) error {
+func recordAttempt(tx *bolt.Tx, s, attempt int, sourceID string, now time.Time) error {
 	total, err := jobTotal(tx)
 	if err != nil {
 		return err
@@ -75,6 +77,9 @@ func recordAttempt(tx *bolt.Tx, s, attempt int, now time.Time) error {
 	}
 	r := old
 	r.State, r.Attempt, r.Updated = StateInflight, attempt, now
+	if sourceID != "" {
+		r.SourceID = sourceID
+	}
 	return put(tx, old, r)
 }
 
@@ -269,6 +274,9 @@ func contribution(r Record) [5]int64 {
 }
 
 func put(tx *bolt.Tx, old, r Record) error {
+	if r.SourceID == "" {
+		r.SourceID = old.SourceID // a sample's id does not change with its state
+	}
 	if err := tx.Bucket(bucketSamples).Put(sampleKey(r.Sample), encodeRecord(r)); err != nil {
 		return fmt.Errorf("sample %d: write record: %w", r.Sample, err)
 	}

@@ -118,7 +118,7 @@ func TestAFaultAtEachStepOfAMoveLeavesNothingTornOrCommittedAndTheRetrySucceeds(
 				out := t.TempDir()
 				dumpPath := writeDump(t, t.TempDir(), dumpSpec{sample: sample, T: 64, H: 64})
 				ix := newIndex(t, 10)
-				if err := ix.RecordAttempt(sample, 1); err != nil {
+				if err := ix.RecordAttempt(sample, 1, ""); err != nil {
 					t.Fatal(err)
 				}
 				m := &Mover{OutputDir: out, BufferSize: 1024}

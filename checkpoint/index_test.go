@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -417,6 +418,7 @@ func TestRecordEncodingRoundTrips(t *testing.T) {
 		{"empty pending", Record{Sample: 0}, ""},
 		{"done", Record{Sample: 9, State: StateDone, Attempt: 3, RID: "s000000009-a3", Bytes: 1 << 40, CRC32C: 0xdeadbeef, Tokens: 131072, Updated: time.Unix(0, 1700000000123456789)}, ""},
 		{"failed with a long error", Record{Sample: 1, State: StateFailed, Attempt: 2, Error: long}, long[:maxErrorLen]},
+		{"done with a source id", Record{Sample: 5, State: StateDone, Attempt: 1, RID: "s000000005-a1", SourceID: "conv-ü-17"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := decodeRecord(tc.r.Sample, encodeRecord(tc.r))
@@ -434,8 +436,55 @@ func TestRecordEncodingRoundTrips(t *testing.T) {
 			}
 		})
 	}
+	if r, err := decodeRecord(5, append(encodeRecord(Record{Sample: 5, Error: "x"}), 0, 9, 'a')); err == nil {
+		t.Fatalf("a source id that overruns its record decoded as %+v", r)
+	}
 	if _, err := decodeRecord(4, []byte{2, 0}); err == nil || !strings.Contains(err.Error(), "sample 4") {
 		t.Fatalf("decode of a foreign record = %v, want an error naming sample 4", err)
+	}
+}
+
+// A record without a source id is the layout before source ids, and an older build
+// (which reads the rid and the error and stops) reads one with it.
+func TestARecordsSourceIDIsAnOptionalTrailingField(t *testing.T) {
+	r := Record{Sample: 7, State: StateDone, Attempt: 2, RID: "s000000007-a2", Error: "e"}
+	old := encodeRecord(r)
+	if len(old) != recordFixed+2+len(r.RID)+2+len(r.Error) {
+		t.Fatalf("a record without a source id is %d bytes, want the old layout's %d", len(old), recordFixed+2+len(r.RID)+2+len(r.Error))
+	}
+	r.SourceID = "conv-7"
+	withID := encodeRecord(r)
+	if !bytes.Equal(withID[:len(old)], old) || len(withID) != len(old)+2+len(r.SourceID) {
+		t.Fatalf("the source id is not a field after the old layout: %x", withID)
+	}
+}
+
+// Once known, a sample's source id stays in its record through every state change.
+func TestARecordKeepsItsSourceIDThroughItsStates(t *testing.T) {
+	ix := newIndex(t, 4)
+	steps := []struct {
+		name string
+		do   func() error
+	}{
+		{"attempt", func() error { return ix.RecordAttempt(1, 1, "conv-7") }},
+		{"failed", func() error { return ix.MarkFailed(1, 1, "boom") }},
+		{"retried without an id", func() error { return ix.RecordAttempt(1, 2, "") }},
+		{"done without an id", func() error { return ix.CommitDone(doneRecord(1, 2)) }},
+		{"pending again", func() error { return ix.MarkPending(1, "file lost") }},
+	}
+	for _, st := range steps {
+		if err := st.do(); err != nil {
+			t.Fatalf("%s: %v", st.name, err)
+		}
+		if got := mustGet(t, ix, 1).SourceID; got != "conv-7" {
+			t.Fatalf("after %s the source id is %q, want conv-7", st.name, got)
+		}
+	}
+	if err := ix.RecordAttempt(2, 1, ""); err != nil {
+		t.Fatal(err)
+	}
+	if got := mustGet(t, ix, 2).SourceID; got != "" {
+		t.Fatalf("sample 2 got source id %q", got)
 	}
 }
 

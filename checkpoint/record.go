@@ -1,6 +1,7 @@
 package checkpoint
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"strings"
@@ -46,6 +47,9 @@ type Record struct {
 	Tokens  int
 	Error   string
 	Updated time.Time
+	// SourceID is the sample's own id in the data it came from (a conversation's id),
+	// "" without one. A record keeps it once it is known (put).
+	SourceID string
 	// Imported marks a done sample whose file another tool wrote and extract import
 	// brought in. It is stored as the rid prefix importPrefix (no layout change: an
 	// older build reads the record as done with an odd rid).
@@ -67,11 +71,16 @@ const importPrefix = "import:"
 //	26  updated   int64 unix nanoseconds, 0 for none
 //	34  rid len   uint16, then the rid
 //	    error len uint16, then the error
+//	    source len uint16, then the source id; absent when it is "" (so a record
+//	    without one is as before, and an older build, which stops after the error,
+//	    reads one with it)
 const (
 	recordVersion = 1
 	recordFixed   = 34
 	// maxErrorLen keeps a server's multi-kilobyte traceback out of every record.
 	maxErrorLen = 1024
+	// maxSourceIDLen bounds an id the dataset hands over: ids are short, a line is not.
+	maxSourceIDLen = 512
 )
 
 func encodeRecord(r Record) []byte {
@@ -94,7 +103,12 @@ func encodeRecord(r Record) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(len(rid)))
 	b = append(b, rid...)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
-	return append(b, msg...)
+	b = append(b, msg...)
+	if src := truncateUTF8(r.SourceID, maxSourceIDLen); src != "" {
+		b = binary.BigEndian.AppendUint16(b, uint16(len(src)))
+		b = append(b, src...)
+	}
+	return b
 }
 
 func decodeRecord(sample int, b []byte) (Record, error) {
@@ -113,7 +127,11 @@ func decodeRecord(sample int, b []byte) (Record, error) {
 		r.Updated = time.Unix(0, ns)
 	}
 	rest := b[recordFixed:]
-	for _, dst := range []*string{&r.RID, &r.Error} {
+	fields := []*string{&r.RID, &r.Error, &r.SourceID}
+	for i, dst := range fields {
+		if i == 2 && len(rest) == 0 {
+			break // no source id
+		}
 		if len(rest) < 2 || len(rest) < 2+int(binary.BigEndian.Uint16(rest)) {
 			return Record{}, fmt.Errorf("sample %d: corrupt record: string field overruns %d bytes", sample, len(b))
 		}
@@ -218,4 +236,27 @@ func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
 		}
 	}
 	return nil
+}
+
+// WithSourceID is every record whose source id is id, in sample order: a dataset may hold
+// one conversation more than once. One pass over the records.
+func (ix *Index) WithSourceID(id string) ([]Record, error) {
+	var out []Record
+	err := ix.view(func(tx *bolt.Tx) error {
+		return eachRecord(tx, func(s uint64, v []byte) error {
+			// The source id is the record's last field: a cheap test before decoding.
+			if id == "" || !bytes.HasSuffix(v, []byte(id)) {
+				return nil
+			}
+			r, err := decodeRecord(int(s), v)
+			if err != nil {
+				return err
+			}
+			if r.SourceID == id {
+				out = append(out, r)
+			}
+			return nil
+		})
+	})
+	return out, err
 }

@@ -186,6 +186,7 @@ func (j *job) run(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
+	serveSamples(status, j.ix, outputLayout(j.cfg))
 	j.openHistory()
 	defer j.closeHistory()
 

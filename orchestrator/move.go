@@ -225,7 +225,7 @@ func (m *movers) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, err
 	}
 	err = m.ix.CommitDone(checkpoint.Record{
 		Sample: s.Index, State: checkpoint.StateDone, Attempt: d.RID.Attempt, RID: d.RID.String(),
-		Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(),
+		Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(), SourceID: s.SourceID,
 	})
 	if err != nil {
 		return moved, &indexError{fmt.Errorf("index sample %d: %w", s.Index, err)}

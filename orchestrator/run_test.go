@@ -135,7 +135,7 @@ func beginAttempts(ix *checkpoint.Index, samples []int) ([]int, error) {
 			return nil, err
 		}
 		out[i] = checkpoint.NextAttempt(r.Attempt, base)
-		if err := ix.RecordAttempt(s, out[i]); err != nil {
+		if err := ix.RecordAttempt(s, out[i], ""); err != nil {
 			return nil, err
 		}
 	}

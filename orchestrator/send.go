@@ -117,13 +117,11 @@ func (j *job) setPausedMetrics() {
 func (j *job) send(ctx, request context.Context, client *sglang.Client, sample int, rid shm.RID) {
 	// The attempt is durable before the request leaves, so a dump can always be matched
 	// to the attempt the index knows, whatever crashes when.
-	err := j.ix.RecordAttempt(sample, rid.Attempt)
-	if err != nil {
-		err = &indexError{fmt.Errorf("record attempt %s: %w", rid, err)}
-	}
-	var s dataset.Sample
+	s, err := j.ds.Sample(sample)
 	if err == nil {
-		s, err = j.ds.Sample(sample)
+		if err = j.ix.RecordAttempt(sample, rid.Attempt, s.SourceID); err != nil {
+			err = &indexError{fmt.Errorf("record attempt %s: %w", rid, err)}
+		}
 	}
 	if err == nil {
 		_, err = client.Generate(request, sglang.GenerateRequest{RID: rid.String(), InputIDs: s.InputIDs, Text: s.Text, MaxNewTokens: j.cfg.Server.MaxNewTokens})

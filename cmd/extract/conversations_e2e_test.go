@@ -324,6 +324,30 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 	if p, _ := st["prepare"].(map[string]any); p == nil || int(p["refused"].(float64)) != len(cases)-len(j.samples) || int(p["accepted"].(float64)) != len(j.samples) {
 		t.Fatalf("status's prepare: %v", st["prepare"])
 	}
+
+	// status traces a sample to its conversation and back, done before the kill or after.
+	for _, i := range []int{0, len(j.samples) / 2, len(j.samples) - 1} {
+		var got []struct {
+			Sample   int    `json:"sample"`
+			State    string `json:"state"`
+			SourceID string `json:"source_id"`
+			File     string `json:"file"`
+		}
+		res := j.run("status", "--sample", fmt.Sprint(i), "--json")
+		if res.code != 0 || json.Unmarshal([]byte(res.stdout), &got) != nil || len(got) != 1 ||
+			got[0].State != "done" || got[0].SourceID != ids[i] || got[0].File != j.layout().Path(i) {
+			t.Fatalf("status --sample %d: exit %d %s %s, want done from %q in %s", i, res.code, res.stdout, res.stderr, ids[i], j.layout().Path(i))
+		}
+		res = j.run("status", "--source-id", ids[i], "--json")
+		if res.code != 0 || json.Unmarshal([]byte(res.stdout), &got) != nil || len(got) != 1 || got[0].Sample != i {
+			t.Fatalf("status --source-id %s: exit %d %s %s, want sample %d", ids[i], res.code, res.stdout, res.stderr, i)
+		}
+	}
+	for _, args := range [][]string{{"--sample", fmt.Sprint(len(j.samples))}, {"--source-id", "no-such-conversation"}} {
+		if res := j.run(append([]string{"status"}, args...)...); res.code != 2 || !strings.Contains(res.stderr, strings.TrimPrefix(args[1], "no-such-")) {
+			t.Fatalf("status %v: exit %d %s, want 2 naming it", args, res.code, res.stderr)
+		}
+	}
 }
 
 func TestAResumeWithAChangedChatOptionIsRefusedNamingIt(t *testing.T) {

@@ -16,15 +16,30 @@ func newStatusCmd() *cobra.Command {
 	var asJSON bool
 	var watch time.Duration
 	var all bool
+	var sample int
+	var sourceID string
 	cmd := &cobra.Command{
-		Use:   "status [--config F] [--shard i/n | --all] [--json] [--watch 2s]",
+		Use:   "status [--config F] [--shard i/n | --all] [--json] [--watch 2s] [--sample N | --source-id ID]",
 		Short: "Show the job's progress: live from the running process, else from the index",
 		Long: `Show the job's progress: live from the running process, else from the index (never
 waiting on its lock). --all shows the whole job across its shards; --watch refreshes
 until interrupted (on a terminal it redraws the screen; into a pipe it appends).
-Exit codes: 0 shown; 2 bad config or usage.`,
+--sample N shows one sample: its state, attempts, output file and the id of the
+conversation it came from; --source-id ID finds the samples of that conversation.
+Exit codes: 0 shown; 2 bad config or usage, or no such sample; 75 the run holds the
+index and did not answer (try again).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("sample") || sourceID != "" {
+				if all || watch > 0 || (cmd.Flags().Changed("sample") && sourceID != "") || (cmd.Flags().Changed("sample") && sample < 0) {
+					return usageError{fmt.Errorf("--sample N (N >= 0) or --source-id ID, alone: not with each other, --all or --watch")}
+				}
+				q := orchestrator.SampleQuery{Sample: sample, SourceID: sourceID}
+				if sourceID != "" {
+					q.Sample = -1
+				}
+				return runStatusSamples(cmd, &cf, q, asJSON)
+			}
 			if all {
 				return runStatusAll(cmd, &cf, asJSON, watch)
 			}
@@ -35,7 +50,53 @@ Exit codes: 0 shown; 2 bad config or usage.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().DurationVar(&watch, "watch", 0, "refresh every interval (e.g. 2s) until interrupted")
 	cmd.Flags().BoolVar(&all, "all", false, "the whole job across every shard under the state dir (per-shard rows, dead shards)")
+	cmd.Flags().IntVar(&sample, "sample", 0, "show this sample (its index in the dataset)")
+	cmd.Flags().StringVar(&sourceID, "source-id", "", "show the samples of this conversation id (the dataset's \"id\")")
 	return cmd
+}
+
+func runStatusSamples(cmd *cobra.Command, cf *configFlags, q orchestrator.SampleQuery, asJSON bool) error {
+	cfg, err := cf.load(cmd)
+	if err != nil {
+		return err
+	}
+	ss, err := orchestrator.QuerySamples(cmd.Context(), cfg, q)
+	if err != nil {
+		return err
+	}
+	out := cmd.OutOrStdout()
+	if asJSON {
+		return printJSON(out, ss)
+	}
+	for i, s := range ss {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		src := "no source id"
+		if s.SourceID != "" {
+			src = "source id " + s.SourceID
+		}
+		fmt.Fprintf(out, "sample:    %d (%s; from the %s)\n", s.Sample, src, s.Source)
+		fmt.Fprintf(out, "state:     %s", s.State)
+		if s.Attempt > 0 {
+			fmt.Fprintf(out, " (attempt %d, rid %s)", s.Attempt, s.RID)
+		}
+		fmt.Fprintln(out)
+		if s.File != "" {
+			imported := ""
+			if s.Imported {
+				imported = ", imported"
+			}
+			fmt.Fprintf(out, "file:      %s (%s, %d tokens, crc32c %s%s)\n", s.File, configs.ByteSize(s.Bytes), s.Tokens, s.CRC32C, imported)
+		}
+		if s.Error != "" {
+			fmt.Fprintf(out, "error:     %s\n", s.Error)
+		}
+		if s.Updated != nil {
+			fmt.Fprintf(out, "updated:   %s\n", s.Updated.Format(time.RFC3339))
+		}
+	}
+	return nil
 }
 
 func runStatus(cmd *cobra.Command, cf *configFlags, asJSON bool, watch time.Duration) error {
