@@ -90,7 +90,8 @@ func encodeRecord(r Record) []byte {
 		rid = importPrefix + rid
 	}
 	rid = truncateUTF8(rid, 1<<16-1)
-	b := make([]byte, recordFixed, recordFixed+4+len(rid)+len(msg))
+	src := truncateUTF8(r.SourceID, maxSourceIDLen)
+	b := make([]byte, recordFixed, recordFixed+6+len(rid)+len(msg)+len(src))
 	b[0] = recordVersion
 	b[1] = byte(r.State)
 	binary.BigEndian.PutUint32(b[2:], uint32(r.Attempt))
@@ -104,7 +105,7 @@ func encodeRecord(r Record) []byte {
 	b = append(b, rid...)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(msg)))
 	b = append(b, msg...)
-	if src := truncateUTF8(r.SourceID, maxSourceIDLen); src != "" {
+	if src != "" {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(src)))
 		b = append(b, src...)
 	}
@@ -242,6 +243,7 @@ func eachRecord(tx *bolt.Tx, fn func(sample uint64, v []byte) error) error {
 // one conversation more than once. One pass over the records.
 func (ix *Index) WithSourceID(id string) ([]Record, error) {
 	var out []Record
+	id = truncateUTF8(id, maxSourceIDLen) // as the record keeps it
 	err := ix.view(func(tx *bolt.Tx) error {
 		return eachRecord(tx, func(s uint64, v []byte) error {
 			// The source id is the record's last field: a cheap test before decoding.

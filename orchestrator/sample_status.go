@@ -112,12 +112,23 @@ func sampleStatusOf(r checkpoint.Record, l checkpoint.Layout) SampleStatus {
 	return s
 }
 
-// serveSamples adds /sample?n=N and /sample?source_id=ID to the status endpoint.
+// serveSamples adds /sample?n=N and /sample?source_id=ID to the status endpoint. A
+// source id is one read transaction over every record: one at a time, so that queries in
+// a loop cannot hold off the run's commits (a growing file waits for its readers).
 func serveSamples(s *statusServer, ix *checkpoint.Index, l checkpoint.Layout) {
+	scan := make(chan struct{}, 1)
 	s.mux.HandleFunc("/sample", func(w http.ResponseWriter, r *http.Request) {
 		q, err := parseSampleQuery(r.URL.Query())
 		var out []SampleStatus
-		if err == nil {
+		if err == nil && q.Sample < 0 {
+			select {
+			case scan <- struct{}{}:
+				out, err = lookupSamples(ix, l, q)
+				<-scan
+			case <-r.Context().Done():
+				return
+			}
+		} else if err == nil {
 			out, err = lookupSamples(ix, l, q)
 		}
 		w.Header().Set("Content-Type", "application/json")
@@ -150,7 +161,8 @@ func parseSampleQuery(v url.Values) (SampleQuery, error) {
 
 func querySamplesLive(ctx context.Context, stateDir string, q SampleQuery, pid int) ([]SampleStatus, error) {
 	ri, err := readRunInfo(stateDir)
-	if err != nil || ri.StatusAddr == "" {
+	// run.json outlives its run: an address of an earlier one may be another's by now.
+	if err != nil || ri.StatusAddr == "" || ri.PID != pid {
 		return nil, fmt.Errorf("%w: the run (pid %d) holds the index and is not answering yet; try again in a moment", ErrTemporary, pid)
 	}
 	v := url.Values{}
@@ -178,8 +190,11 @@ func querySamplesLive(ctx context.Context, stateDir string, q SampleQuery, pid i
 		var e struct {
 			Error string `json:"error"`
 		}
-		_ = json.Unmarshal(b, &e)
-		if resp.StatusCode == http.StatusNotFound {
+		switch {
+		case json.Unmarshal(b, &e) != nil || e.Error == "":
+			// Not our handler's answer: a run of an older build, or one still starting.
+			return nil, fmt.Errorf("%w: the run (pid %d) does not answer /sample (%s; a run of an older extract?): try again, or once it has stopped", ErrTemporary, pid, resp.Status)
+		case resp.StatusCode == http.StatusNotFound:
 			return nil, fmt.Errorf("%w: %s", ErrRefused, e.Error)
 		}
 		return nil, fmt.Errorf("the run (pid %d) answered %s: %s", pid, resp.Status, e.Error)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -73,5 +75,46 @@ func TestSampleStatusFromTheLiveRunEqualsTheIndexs(t *testing.T) {
 	b, _ := json.Marshal(live)
 	if string(a) != string(b) {
 		t.Fatalf("index %s\nlive  %s", a, b)
+	}
+}
+
+// A run.json of an earlier run, or an address that is not our handler's, is not taken
+// for the running job's answer: worth a retry (75), not "no such sample" (2).
+func TestSampleStatusTrustsOnlyTheRunningJobsOwnEndpoint(t *testing.T) {
+	state := t.TempDir()
+	plain := &http.Server{Handler: http.NotFoundHandler()}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = plain.Serve(ln) }()
+	defer plain.Close()
+	// Another job's status server, answering /sample from its own index.
+	other, err := checkpoint.Open(filepath.Join(t.TempDir(), "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.Init(checkpoint.Meta{Total: 4, Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := startStatusServer("127.0.0.1:0", newMetrics())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.close()
+	serveSamples(srv, other, checkpoint.Layout{Dir: "/other"})
+	for _, tc := range []struct {
+		name, addr string
+		pid        int
+	}{{"an earlier run's address, now another job's", srv.addr, os.Getpid() + 1}, {"a server without /sample", ln.Addr().String(), os.Getpid()}} {
+		ri, _ := json.Marshal(runInfo{PID: tc.pid, StatusAddr: tc.addr})
+		if err := atomicfile.WriteFile(runInfoPath(state), ri, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := querySamplesLive(context.Background(), state, SampleQuery{Sample: 1}, os.Getpid())
+		if !errors.Is(err, ErrTemporary) || errors.Is(err, ErrRefused) {
+			t.Fatalf("%s: %v, want ErrTemporary", tc.name, err)
+		}
 	}
 }

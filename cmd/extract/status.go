@@ -30,12 +30,13 @@ Exit codes: 0 shown; 2 bad config or usage, or no such sample; 75 the run holds 
 index and did not answer (try again).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cmd.Flags().Changed("sample") || sourceID != "" {
-				if all || watch > 0 || (cmd.Flags().Changed("sample") && sourceID != "") || (cmd.Flags().Changed("sample") && sample < 0) {
-					return usageError{fmt.Errorf("--sample N (N >= 0) or --source-id ID, alone: not with each other, --all or --watch")}
+			bySample, byID := cmd.Flags().Changed("sample"), cmd.Flags().Changed("source-id")
+			if bySample || byID {
+				if all || watch > 0 || (bySample && byID) || (bySample && sample < 0) || (byID && sourceID == "") {
+					return usageError{fmt.Errorf("--sample N (N >= 0) or --source-id ID (not empty), alone: not with each other, --all or --watch")}
 				}
 				q := orchestrator.SampleQuery{Sample: sample, SourceID: sourceID}
-				if sourceID != "" {
+				if byID {
 					q.Sample = -1
 				}
 				return runStatusSamples(cmd, &cf, q, asJSON)

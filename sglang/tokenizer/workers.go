@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // zygote is the process the workers are forked from: their stderr is its stderr, and
@@ -27,10 +29,48 @@ type zygote struct {
 	cmd    *exec.Cmd
 	stderr *tailBuffer
 	done   chan struct{} // closed once it has exited (all its workers have)
+	mu     sync.Mutex
+	exited bool // it has exited and is about to be reaped: its group id may be reused after
 }
 
-// kill ends the zygote and every worker: they share its process group.
-func (z *zygote) kill() { _ = syscall.Kill(-z.cmd.Process.Pid, syscall.SIGKILL) }
+// kill ends the zygote and every worker: they share its process group, whose id is the
+// zygote's pid. Only while the zygote is unreaped is that id sure to be this group's.
+func (z *zygote) kill() {
+	z.mu.Lock()
+	defer z.mu.Unlock()
+	if !z.exited {
+		_ = syscall.Kill(-z.cmd.Process.Pid, syscall.SIGKILL)
+	}
+}
+
+// reap waits for the zygote's exit without reaping it (WNOWAIT), so that kill can stop
+// signalling its group first, then reaps it.
+func (z *zygote) reap() {
+	var info unix.Siginfo
+	for {
+		err := unix.Waitid(unix.P_PID, z.cmd.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	z.mu.Lock()
+	z.exited = true
+	z.mu.Unlock()
+	_ = z.cmd.Wait() // an exit shows to a call as EOF, with stderr's tail
+	close(z.done)
+}
+
+// workerEnviron is extract's environment and server.env without the variables the
+// worker passes to itself when it re-executes (a stale one would replace the config).
+func workerEnviron(base, extra []string) []string {
+	var out []string
+	for _, kv := range append(append([]string(nil), base...), extra...) {
+		if !strings.HasPrefix(kv, "PREPARE_WORKER_") {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
 
 // proc is one forked worker as extract sees it: its pipes.
 type proc struct {
@@ -85,41 +125,47 @@ func (p *Pool) startAll(ctx context.Context) error {
 		p.closePipes()
 		return err
 	}
+	// The hello and the ready line go over pipes of ours too: os/exec's own pipes are
+	// closed by Wait, which could beat the read of a quick "error" line.
+	helloR, helloW, err := os.Pipe()
+	if err != nil {
+		p.closePipes()
+		return err
+	}
+	defer func() { _ = helloW.Close() }()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		_ = helloR.Close()
+		p.closePipes()
+		return err
+	}
+	defer func() { _ = readyR.Close() }()
 	cmd := exec.Command(cfg.Python, path)
-	cmd.Env = append(append(os.Environ(), cfg.Env...),
+	cmd.Env = append(workerEnviron(os.Environ(), cfg.Env),
 		// One process per core already: the Rust encoder's own threads would only fight.
 		"TOKENIZERS_PARALLELISM=false", "RAYON_NUM_THREADS=1", "OMP_NUM_THREADS=1",
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "PYTHONUNBUFFERED=1")
 	// Its own group, so one kill ends it and every worker it forked.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	cmd.ExtraFiles = childEnds
-	cmd.Stderr = z.stderr
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = helloR, readyW, z.stderr
 	cmd.WaitDelay = exitGrace // a worker's stderr still open must not hold Wait forever
-	stdin, err := cmd.StdinPipe()
+	err = cmd.Start()
+	_ = helloR.Close()
+	_ = readyW.Close()
 	if err != nil {
-		p.closePipes()
-		return err
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		p.closePipes()
-		return err
-	}
-	if err := cmd.Start(); err != nil {
 		p.closePipes()
 		return fmt.Errorf("start the prepare worker in %s: %w", cfg.Python, err)
 	}
 	z.cmd = cmd
 	p.zygote = z
-	go func() { _ = cmd.Wait(); close(z.done) }() // an exit shows to a call as EOF, with stderr's tail
+	go z.reap()
 	for _, f := range childEnds {
 		_ = f.Close()
 	}
 	childEnds = nil
-	// The hello goes on the process's own stdin and stdout, which only it reads.
-	boot := &proc{index: -1, in: nil, out: bufio.NewReader(stdout), z: z}
-	r, err := boot.hello(ctx, stdin, hello)
-	_ = stdin.Close()
+	boot := &proc{index: -1, out: bufio.NewReader(readyR), z: z}
+	r, err := boot.hello(ctx, helloW, hello)
 	if err == nil && (len(r.PIDs) != cfg.Workers) {
 		err = fmt.Errorf("the worker answered out of protocol (%d worker pids for %d workers)", len(r.PIDs), cfg.Workers)
 	}

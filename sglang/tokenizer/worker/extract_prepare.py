@@ -403,20 +403,43 @@ def serve(worker, index, requests, proto):
     stats = json.dumps({"startup_s": round(started - BOOT, 3), "busy_s": round(busy, 3),
                         "idle_s": round(end - (first or end) - busy, 3), "waiting_for_first_s": round((first or end) - started, 3),
                         "conversations": convs})
-    # One write of one line: the workers share a stderr pipe, and print's two writes
-    # (the text, then the newline) of 16 workers ending at once came out interleaved.
+    # print's two writes (the text, then the newline) of 16 workers ending at once came
+    # out interleaved.
+    log_line(f"extract-prepare: worker {index} stats {stats}")
+
+
+def log_line(text):
+    """One stderr line in one write: the workers and the zygote share the pipe, and a
+    line written in pieces comes out interleaved with another's."""
     sys.stderr.flush()
-    os.write(2, f"extract-prepare: worker {index} stats {stats}\n".encode())
+    os.write(2, (text.rstrip("\n") + "\n").encode("utf-8", "replace"))
 
 
-def die_with_parent(parent):
-    """A forked worker ends with the process that forked it (PR_SET_PDEATHSIG), not only
-    at EOF: a worker busy in a long batch would otherwise outlive a killed pool."""
+def pdeathsig():
+    """prctl(PR_SET_PDEATHSIG, SIGKILL) as a function a forked child calls: resolved in
+    the zygote, so that no child loads a library after the fork; None where there is none."""
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
-    except Exception as e:  # not Linux: EOF on its requests still ends it
-        print(f"extract-prepare: no PR_SET_PDEATHSIG ({e})", file=sys.stderr)
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except Exception as e:  # not Linux: EOF on its requests still ends a worker
+        log_line(f"extract-prepare: no PR_SET_PDEATHSIG ({e})")
+        return None
+
+    def set_it():
+        if prctl(1, 9) != 0:  # PR_SET_PDEATHSIG, SIGKILL
+            return os.strerror(ctypes.get_errno())
+        return None
+    return set_it
+
+
+def die_with_parent(parent, set_pdeathsig):
+    """A forked worker ends with the process that forked it, not only at EOF: a worker
+    busy in a long batch would otherwise outlive a killed pool."""
+    if set_pdeathsig is not None:
+        err = set_pdeathsig()
+        if err:
+            log_line(f"extract-prepare: PR_SET_PDEATHSIG failed: {err}")
     if os.getppid() != parent:  # the parent died before the prctl
         os._exit(1)
 
@@ -426,11 +449,12 @@ def fork_workers(worker, fds, proto):
     then one forked worker per pair of descriptors extract passed. It reports how each
     ended and exits once all have."""
     zygote, pids = os.getpid(), {}
+    set_pdeathsig = pdeathsig()
     sys.stderr.flush()  # or each child would print what the zygote had buffered again
     for i, (rfd, wfd) in enumerate(fds):
         pid = os.fork()
         if pid == 0:
-            die_with_parent(zygote)
+            die_with_parent(zygote, set_pdeathsig)
             proto.close()
             for j, pair in enumerate(fds):
                 if j != i:
@@ -441,8 +465,8 @@ def fork_workers(worker, fds, proto):
                 serve(worker, i, os.fdopen(rfd, "r", encoding="utf-8"), os.fdopen(wfd, "w", encoding="utf-8"))
             except BaseException as e:  # the traceback is what extract's error quotes
                 import traceback
-                traceback.print_exc()
-                print(f"extract-prepare: worker {i} failed: {type(e).__name__}: {e}", file=sys.stderr)
+                log_line(traceback.format_exc())
+                log_line(f"extract-prepare: worker {i} failed: {type(e).__name__}: {e}")
                 rc = 1
             sys.stderr.flush()
             os._exit(rc)  # no interpreter teardown: with transformers loaded it takes a second
@@ -451,6 +475,18 @@ def fork_workers(worker, fds, proto):
         for fd in pair:
             os.close(fd)
     return pids
+
+
+def import_failed(e):
+    """Whether e, or an exception it came from, is an ImportError: what hiding torch
+    causes. Any other failure (no template, a bad option) is the same with torch."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, ImportError):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def describe(status):
@@ -480,9 +516,8 @@ def main():
         cfg = json.loads(hello)
         worker = Worker(cfg)
     except Exception as e:
-        if hide_torch:
-            print(f"extract-prepare: the tokenizer did not load with torch hidden ({type(e).__name__}: {e}); loading it again with torch", file=sys.stderr)
-            sys.stderr.flush()
+        if hide_torch and import_failed(e):
+            log_line(f"extract-prepare: the tokenizer did not load with torch hidden ({type(e).__name__}: {e}); loading it again with torch")
             proto.flush()
             os.dup2(proto.fileno(), 1)  # the protocol's stdout, as this process got it
             os.execve(sys.executable, [sys.executable, os.path.abspath(__file__)],
@@ -504,7 +539,7 @@ def main():
         i = pids.pop(pid, None)
         if i is not None and status != 0:
             failed = 1
-            print(f"extract-prepare: worker {i} exited: {describe(status)}", file=sys.stderr)
+            log_line(f"extract-prepare: worker {i} exited: {describe(status)}")
     sys.stderr.flush()
     os._exit(failed)
 
