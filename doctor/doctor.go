@@ -74,6 +74,9 @@ type Options struct {
 	// GPUs reads the GPUs; nil means the system's NVML. Tests pass an inspector over
 	// go-nvml's mock of an H200 node.
 	GPUs *sglang.GPUInspector
+	// GPUSettle bounds the wait for a GPU that lists only processes that have exited
+	// (0: 10 s).
+	GPUSettle time.Duration
 	// Dataset, when set, is the job's dataset already opened (run's preflight); nil:
 	// Run opens cfg.Dataset itself.
 	Dataset *dataset.Dataset

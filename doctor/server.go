@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/extract-dev/extract/sglang"
 )
@@ -24,6 +25,12 @@ func (d *doctor) checkGPUs(context.Context) []Check {
 	}
 	wanted := d.cfg.GPUIndices()
 	rep := d.opt.GPUs.Inspect(wanted)
+	// A process that has just exited stays in NVML's list for a moment: a run started
+	// right after another's server stopped was refused for it. Ask again a few times.
+	for deadline := time.Now().Add(d.gpuSettle()); exitedHolders(rep) && time.Now().Before(deadline); {
+		time.Sleep(gpuSettleStep)
+		rep = d.opt.GPUs.Inspect(wanted)
+	}
 	if !rep.Available {
 		return []Check{failCheck("gpu", "install or load the NVIDIA driver (`nvidia-smi` must work), or run doctor on the GPU node",
 			"%s; server.kind %s needs GPUs %s", rep.Reason, d.cfg.Server.Kind, joinGPUIndices(wanted))}
@@ -47,6 +54,29 @@ func (d *doctor) checkGPUs(context.Context) []Check {
 		}
 	}
 	return checks
+}
+
+// gpuSettleStep is how often a GPU held only by exited processes is asked again.
+const gpuSettleStep = 250 * time.Millisecond
+
+func (d *doctor) gpuSettle() time.Duration {
+	if d.opt.GPUSettle > 0 {
+		return d.opt.GPUSettle
+	}
+	return 10 * time.Second
+}
+
+// exitedHolders is whether a wanted GPU lists a process that has exited: what waiting
+// may clear.
+func exitedHolders(rep sglang.GPUReport) bool {
+	for _, g := range rep.GPUs {
+		for _, p := range g.Processes {
+			if p.Exited {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // checkGPU says whether one wanted GPU is free for our server, naming every other

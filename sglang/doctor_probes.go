@@ -45,8 +45,11 @@ func (p GPUProcess) Describe() string {
 			cmd = cmd[:maxCmdline] + "…"
 		}
 		fmt.Fprintf(&b, " (%s)", cmd)
-	} else {
+	} else if !p.Exited {
 		b.WriteString(" (not visible in /proc here)")
+	}
+	if p.Exited {
+		b.WriteString(" (exited; the driver still lists it)")
 	}
 	var attrs []string
 	if p.MemoryKnown {
@@ -73,6 +76,8 @@ func (p GPUProcess) Describe() string {
 // rather than the pid.
 func (p GPUProcess) StopHint() string {
 	switch {
+	case p.Exited:
+		return fmt.Sprintf("pid %d has exited: if its parent does not reap it, stop the parent (`ps -o ppid= -p %d`); its GPU memory is freed with it", p.PID, p.PID)
 	case p.Cmdline == nil:
 		return fmt.Sprintf("pid %d is not visible here (NVML reports host pids inside a container): find and stop it with `nvidia-smi` on the host", p.PID)
 	case p.Unit != "" && p.UserUnit:

@@ -65,6 +65,10 @@ type GPUProcess struct {
 	// process /proc shows under it is not the one on the GPU.
 	DeviceConfirmed   bool
 	DeviceUnconfirmed bool
+	// Exited is true when /proc shows the pid as a zombie or dying: it has ended, and
+	// NVML lists it until the driver has released its memory (seen for a few seconds
+	// after a server stopped, when the next run's preflight came at once).
+	Exited bool
 }
 
 // GPUInspector reads GPU state through NVML. Tests pass a mock such as
@@ -198,6 +202,9 @@ func (g *GPUInspector) inspectDevice(gpu *GPU) {
 func describeProcess(gp *GPUProcess) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", gp.PID)); err != nil {
 		return
+	}
+	if st, err := readStat(gp.PID); err == nil && st.dead() {
+		gp.Exited = true
 	}
 	gp.Cmdline, _ = ProcessCmdline(gp.PID)
 	gp.Unit, gp.UserUnit = SystemdUnit(gp.PID)
