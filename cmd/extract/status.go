@@ -77,7 +77,11 @@ func runStatusSamples(cmd *cobra.Command, cf *configFlags, q orchestrator.Sample
 		if s.SourceID != "" {
 			src = "source id " + s.SourceID
 		}
-		fmt.Fprintf(out, "sample:    %d (%s; from the %s)\n", s.Sample, src, s.Source)
+		from := "the index"
+		if s.Source == "live" {
+			from = "the running job"
+		}
+		fmt.Fprintf(out, "sample:    %d (%s; from %s)\n", s.Sample, src, from)
 		fmt.Fprintf(out, "state:     %s", s.State)
 		if s.Attempt > 0 {
 			fmt.Fprintf(out, " (attempt %d, rid %s)", s.Attempt, s.RID)
