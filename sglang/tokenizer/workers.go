@@ -89,57 +89,63 @@ func (p *Pool) startAll(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("install the prepare worker: %w", err)
 	}
-	// Worker i reads fd 3+2i and writes 4+2i (ExtraFiles); extract keeps the other ends.
-	var childEnds []*os.File
+	// Every pipe: extract keeps one end, the zygote gets the other. Worker i reads fd
+	// 3+2i and writes 4+2i (ExtraFiles); the hello and the ready line go over pipes of
+	// ours too, on its stdin and stdout (os/exec's own are closed by Wait, which could
+	// beat the read of a quick "error" line).
+	var ours, theirs []*os.File
+	pipe := func(childReads bool) (*os.File, error) {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return nil, fmt.Errorf("prepare worker: %w", err)
+		}
+		if childReads {
+			ours, theirs = append(ours, w), append(theirs, r)
+			return w, nil
+		}
+		ours, theirs = append(ours, r), append(theirs, w)
+		return r, nil
+	}
+	started := false
 	defer func() {
-		for _, f := range childEnds {
-			_ = f.Close() // the child has its copies; ours would keep EOF from coming
+		closeFiles(theirs) // the zygote has its copies; ours would keep EOF from coming
+		if !started {
+			closeFiles(ours)
 		}
 	}()
 	fds := make([][2]int, cfg.Workers)
 	p.procs = make([]*proc, cfg.Workers)
 	z := &zygote{stderr: &tailBuffer{max: 16 << 10, log: cfg.Log}, done: make(chan struct{})}
 	for i := range cfg.Workers {
-		reqR, reqW, err := os.Pipe()
+		in, err := pipe(true)
 		if err != nil {
-			p.closePipes()
-			return fmt.Errorf("prepare worker %d: %w", i, err)
+			return err
 		}
-		respR, respW, err := os.Pipe()
+		out, err := pipe(false)
 		if err != nil {
-			_ = reqR.Close()
-			_ = reqW.Close()
-			p.closePipes()
-			return fmt.Errorf("prepare worker %d: %w", i, err)
+			return err
 		}
-		childEnds = append(childEnds, reqR, respW)
 		fds[i] = [2]int{3 + 2*i, 4 + 2*i}
-		p.procs[i] = &proc{index: i, in: reqW, outF: respR, out: bufio.NewReaderSize(respR, 1<<20), z: z}
+		p.procs[i] = &proc{index: i, in: in, outF: out, out: bufio.NewReaderSize(out, 1<<20), z: z}
 	}
+	helloW, err := pipe(true)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = helloW.Close() }()
+	readyR, err := pipe(false)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = readyR.Close() }()
 	hello, err := json.Marshal(map[string]any{
 		"tokenizer": cfg.Tokenizer, "chat_template_file": cfg.TemplateFile, "trust_remote_code": cfg.TrustRemoteCode,
 		"mask": cfg.Mask, "end_of_turn": cfg.EndOfTurn, "end_of_turn_tokens": cfg.EndOfTurnTokens, "template_kwargs": cfg.TemplateKwargs,
 		"worker_fds": fds,
 	})
 	if err != nil {
-		p.closePipes()
 		return err
 	}
-	// The hello and the ready line go over pipes of ours too: os/exec's own pipes are
-	// closed by Wait, which could beat the read of a quick "error" line.
-	helloR, helloW, err := os.Pipe()
-	if err != nil {
-		p.closePipes()
-		return err
-	}
-	defer func() { _ = helloW.Close() }()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		_ = helloR.Close()
-		p.closePipes()
-		return err
-	}
-	defer func() { _ = readyR.Close() }()
 	cmd := exec.Command(cfg.Python, path)
 	cmd.Env = append(workerEnviron(os.Environ(), cfg.Env),
 		// One process per core already: the Rust encoder's own threads would only fight.
@@ -147,23 +153,19 @@ func (p *Pool) startAll(ctx context.Context) error {
 		"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "PYTHONUNBUFFERED=1")
 	// Its own group, so one kill ends it and every worker it forked.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	cmd.ExtraFiles = childEnds
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = helloR, readyW, z.stderr
+	n := 2 * cfg.Workers
+	cmd.ExtraFiles = theirs[:n]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = theirs[n], theirs[n+1], z.stderr
 	cmd.WaitDelay = exitGrace // a worker's stderr still open must not hold Wait forever
-	err = cmd.Start()
-	_ = helloR.Close()
-	_ = readyW.Close()
-	if err != nil {
-		p.closePipes()
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start the prepare worker in %s: %w", cfg.Python, err)
 	}
+	started = true
+	closeFiles(theirs)
+	theirs = nil
 	z.cmd = cmd
 	p.zygote = z
 	go z.reap()
-	for _, f := range childEnds {
-		_ = f.Close()
-	}
-	childEnds = nil
 	boot := &proc{index: -1, out: bufio.NewReader(readyR), z: z}
 	r, err := boot.hello(ctx, helloW, hello)
 	if err == nil && (len(r.PIDs) != cfg.Workers) {
@@ -205,13 +207,9 @@ func (pr *proc) hello(ctx context.Context, stdin io.Writer, hello []byte) (Ready
 	return r, nil
 }
 
-// closePipes closes extract's ends of every worker's pipes (a start that failed).
-func (p *Pool) closePipes() {
-	for _, pr := range p.procs {
-		if pr != nil {
-			_ = pr.in.Close()
-			_ = pr.outF.Close()
-		}
+func closeFiles(fs []*os.File) {
+	for _, f := range fs {
+		_ = f.Close()
 	}
 }
 

@@ -373,14 +373,19 @@ def to_hf(m):
     return out
 
 
+def write_line(proto, obj):
+    """One protocol line, flushed: extract reads a line per request."""
+    proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    proto.flush()
+
+
 def serve(worker, index, requests, proto):
     """Answers request lines until EOF. Where the worker's time went goes to stderr as one
     line at the end (extract logs it): busy in requests, or waiting for the next one (the
     orchestrator's side is then the limit)."""
 
     def reply(obj):
-        proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        proto.flush()
+        write_line(proto, obj)
 
     started, busy, convs, first = time.monotonic(), 0.0, 0, None
     for line in requests:
@@ -501,8 +506,7 @@ def main():
     sys.stdout = sys.stderr
 
     def reply(obj):
-        proto.write(json.dumps(obj, separators=(",", ":")) + "\n")
-        proto.flush()
+        write_line(proto, obj)
 
     hello = os.environ.pop(HELLO_ENV, None) or sys.stdin.readline()
     # Torch hidden from transformers: a tokenizer needs none of it, and importing it was
