@@ -19,16 +19,21 @@ import (
 	"github.com/extract-dev/extract/sglang"
 )
 
-func (d *doctor) checkGPUs(context.Context) []Check {
+func (d *doctor) checkGPUs(ctx context.Context) []Check {
 	if !d.usesGPUs() {
 		return []Check{okCheck("gpu", "none needed (server.kind %s)", d.cfg.Server.Kind)}
 	}
 	wanted := d.cfg.GPUIndices()
 	rep := d.opt.GPUs.Inspect(wanted)
 	// A process that has just exited stays in NVML's list for a moment: a run started
-	// right after another's server stopped was refused for it. Ask again a few times.
-	for deadline := time.Now().Add(d.gpuSettle()); exitedHolders(rep) && time.Now().Before(deadline); {
-		time.Sleep(gpuSettleStep)
+	// right after another's server stopped was refused for it. Ask again a few times,
+	// while only such processes stand in the way.
+	for deadline := time.Now().Add(d.gpuSettle()); d.onlyExitedHolders(rep) && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return []Check{failCheck("gpu", "run doctor again", "stopped while waiting for exited processes to leave the GPUs: %v", ctx.Err())}
+		case <-time.After(gpuSettleStep):
+		}
 		rep = d.opt.GPUs.Inspect(wanted)
 	}
 	if !rep.Available {
@@ -56,7 +61,7 @@ func (d *doctor) checkGPUs(context.Context) []Check {
 	return checks
 }
 
-// gpuSettleStep is how often a GPU held only by exited processes is asked again.
+// gpuSettleStep is how often GPUs held only by exited processes are asked again.
 const gpuSettleStep = 250 * time.Millisecond
 
 func (d *doctor) gpuSettle() time.Duration {
@@ -66,17 +71,21 @@ func (d *doctor) gpuSettle() time.Duration {
 	return 10 * time.Second
 }
 
-// exitedHolders is whether a wanted GPU lists a process that has exited: what waiting
-// may clear.
-func exitedHolders(rep sglang.GPUReport) bool {
+// onlyExitedHolders is whether waiting could change the verdict: some wanted GPU lists a
+// process that has exited, and every process on them that is not our server has.
+func (d *doctor) onlyExitedHolders(rep sglang.GPUReport) bool {
+	exited := false
 	for _, g := range rep.GPUs {
 		for _, p := range g.Processes {
-			if p.Exited {
-				return true
+			switch {
+			case p.Exited:
+				exited = true
+			case !d.server.Owns(p.PID):
+				return false
 			}
 		}
 	}
-	return false
+	return exited
 }
 
 // checkGPU says whether one wanted GPU is free for our server, naming every other

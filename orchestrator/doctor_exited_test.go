@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -85,8 +86,11 @@ func TestDoctorFailsAGPUWhoseExitedHolderStaysAndALiveOneAtOnce(t *testing.T) {
 	started := time.Now()
 	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(gpu3ListsWhile(pid, func() bool { return true })), GPUSettle: 700 * time.Millisecond})
 	c := wantCheck(t, rep, "gpu 3", doctor.CheckFail, fmt.Sprintf("pid %d (exited; the driver still lists it)", pid), "not our server")
-	if !strings.Contains(c.Fix, "has exited") {
-		t.Errorf("fix %q", c.Fix)
+	if want := fmt.Sprintf("its parent, pid %d, has not reaped it", os.Getpid()); !strings.Contains(c.Fix, want) {
+		t.Errorf("fix %q does not say %q", c.Fix, want)
+	}
+	if strings.Contains(c.Reason, "PID namespace") {
+		t.Errorf("an exited process described as another namespace's: %s", c.Reason)
 	}
 	if d := time.Since(started); d < 700*time.Millisecond {
 		t.Fatalf("failed after %v, without waiting", d)
@@ -97,5 +101,32 @@ func TestDoctorFailsAGPUWhoseExitedHolderStaysAndALiveOneAtOnce(t *testing.T) {
 	wantCheck(t, rep, "gpu 3", doctor.CheckFail, fmt.Sprintf("pid %d (sleep 60)", live))
 	if d := time.Since(started); d > 3*time.Second {
 		t.Fatalf("a live holder failed the GPU only after %v: doctor waited for it", d)
+	}
+}
+
+// Beside a live foreign process, waiting for an exited one cannot change the verdict:
+// doctor does not wait; and a cancelled context ends a wait at once.
+func TestDoctorWaitsOnlyWhereWaitingCanHelpAndNotPastItsContext(t *testing.T) {
+	cfg := doctorConfig(t, sglang.KindSGLang, tokenLines(4, 10))
+	pid, _ := zombie(t)
+	live := startSleep(t)
+	node := h200Node(nil)
+	dev := node.Devices[3].(*server.Device)
+	dev.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+		return []nvml.ProcessInfo{{Pid: uint32(pid), UsedGpuMemory: gpuGiB}, {Pid: uint32(live), UsedGpuMemory: gpuGiB}}, nvml.SUCCESS
+	}
+	started := time.Now()
+	rep := runDoctor(t, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(node), GPUSettle: 5 * time.Second})
+	wantCheck(t, rep, "gpu 3", doctor.CheckFail, fmt.Sprintf("pid %d (sleep 60)", live))
+	if d := time.Since(started); d > 3*time.Second {
+		t.Fatalf("doctor waited %v on an exited process beside a live one", d)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	started = time.Now()
+	_, _ = Doctor(ctx, cfg, doctor.Options{GPUs: sglang.NewGPUInspector(gpu3ListsWhile(pid, func() bool { return true })), GPUSettle: 5 * time.Second})
+	if d := time.Since(started); d > 3*time.Second {
+		t.Fatalf("doctor with a context of 300 ms took %v: the wait ignored it", d)
 	}
 }

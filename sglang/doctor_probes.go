@@ -76,8 +76,10 @@ func (p GPUProcess) Describe() string {
 // rather than the pid.
 func (p GPUProcess) StopHint() string {
 	switch {
+	case p.Exited && p.Parent == 1:
+		return fmt.Sprintf("pid %d has exited and its parent, pid 1, does not reap it: run the container with an init that does (docker run --init, tini)", p.PID)
 	case p.Exited:
-		return fmt.Sprintf("pid %d has exited: if its parent does not reap it, stop the parent (`ps -o ppid= -p %d`); its GPU memory is freed with it", p.PID, p.PID)
+		return fmt.Sprintf("pid %d has exited and its parent, pid %d, has not reaped it: stop pid %d (its GPU memory is freed with the exited one)", p.PID, p.Parent, p.Parent)
 	case p.Cmdline == nil:
 		return fmt.Sprintf("pid %d is not visible here (NVML reports host pids inside a container): find and stop it with `nvidia-smi` on the host", p.PID)
 	case p.Unit != "" && p.UserUnit:

@@ -69,6 +69,8 @@ type GPUProcess struct {
 	// NVML lists it until the driver has released its memory (seen for a few seconds
 	// after a server stopped, when the next run's preflight came at once).
 	Exited bool
+	// Parent is an exited process's parent: the one that has not reaped it.
+	Parent int
 }
 
 // GPUInspector reads GPU state through NVML. Tests pass a mock such as
@@ -204,7 +206,9 @@ func describeProcess(gp *GPUProcess) {
 		return
 	}
 	if st, err := readStat(gp.PID); err == nil && st.dead() {
-		gp.Exited = true
+		// No command line, unit or open files are left to read: nothing to say but that.
+		gp.Exited, gp.Parent = true, st.ppid
+		return
 	}
 	gp.Cmdline, _ = ProcessCmdline(gp.PID)
 	gp.Unit, gp.UserUnit = SystemdUnit(gp.PID)

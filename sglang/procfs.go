@@ -13,6 +13,7 @@ import (
 // procStat holds the /proc/<pid>/stat fields that identify a process and its group.
 type procStat struct {
 	state     byte
+	ppid      int
 	pgid      int
 	startTime uint64 // clock ticks after boot; with the boot id, unique for a pid
 }
@@ -33,6 +34,10 @@ func readStat(pid int) (procStat, error) {
 	if len(f) < 20 || len(f[0]) != 1 {
 		return procStat{}, fmt.Errorf("/proc/%d/stat: %d fields after comm", pid, len(f))
 	}
+	ppid, err := strconv.Atoi(f[1])
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat ppid: %w", pid, err)
+	}
 	pgid, err := strconv.Atoi(f[2])
 	if err != nil {
 		return procStat{}, fmt.Errorf("/proc/%d/stat pgrp: %w", pid, err)
@@ -41,7 +46,7 @@ func readStat(pid int) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
 	}
-	return procStat{state: f[0][0], pgid: pgid, startTime: start}, nil
+	return procStat{state: f[0][0], ppid: ppid, pgid: pgid, startTime: start}, nil
 }
 
 // ProcessStartTime is pid's start time from /proc/<pid>/stat (field 22, clock ticks after
