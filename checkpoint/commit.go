@@ -76,10 +76,7 @@ func recordAttempt(tx *bolt.Tx, s, attempt int, sourceID string, now time.Time) 
 		return fmt.Errorf("sample %d: attempt %d would reuse a rid (attempt %d recorded, base %d)", s, attempt, old.Attempt, base)
 	}
 	r := old
-	r.State, r.Attempt, r.Updated = StateInflight, attempt, now
-	if sourceID != "" {
-		r.SourceID = sourceID
-	}
+	r.State, r.Attempt, r.Updated, r.SourceID = StateInflight, attempt, now, sourceID // put keeps the old id for ""
 	return put(tx, old, r)
 }
 

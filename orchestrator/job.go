@@ -435,5 +435,5 @@ func (j *job) onDump(d shm.Dump) {
 		return
 	}
 	f.moving = true
-	j.movers.add(d, f.expected)
+	j.movers.add(d)
 }

@@ -18,8 +18,7 @@ import (
 )
 
 type moveJob struct {
-	dump     shm.Dump
-	expected int64
+	dump shm.Dump
 }
 
 type moveResult struct {
@@ -94,10 +93,10 @@ func (m *movers) start(w *workers) {
 	}
 }
 
-// add queues dump d, which reserves expected bytes, for a mover.
-func (m *movers) add(d shm.Dump, expected int64) {
+// add queues dump d for a mover.
+func (m *movers) add(d shm.Dump) {
 	m.moving[d.Path] = true
-	m.queue = append(m.queue, moveJob{dump: d, expected: expected})
+	m.queue = append(m.queue, moveJob{dump: d})
 }
 
 // next is the channel and dump to offer the movers in the coordinator's select: a nil
@@ -358,7 +357,7 @@ func (j *job) storeFailed(r moveResult, f *flight) error {
 	if errors.Is(r.err, syscall.ENOSPC) {
 		failing = fmt.Sprintf("%s full (%s)", where, dir)
 	}
-	n := j.movers.storeFailed(moveJob{dump: r.dump, expected: j.expectedBytes(r.dump.RID.Sample)}, failing, time.Now())
+	n := j.movers.storeFailed(moveJob{dump: r.dump}, failing, time.Now())
 	j.log.Warn("could not store dump; keeping it in staging and retrying", "sample", r.dump.RID.Sample, "file", r.dump.Path, "err", r.err, "consecutive", n)
 	if !errors.Is(r.err, syscall.ENOSPC) && n > 50 {
 		return fmt.Errorf("%w: storing dumps keeps failing (%d in a row), last: %v", ErrTemporary, n, r.err)

@@ -166,6 +166,9 @@ func newInProcessRun(t *testing.T, n, tokens int) *inProcessRun {
 func (r *inProcessRun) run(t *testing.T, ctx context.Context) Result {
 	t.Helper()
 	start := time.Now()
+	// A broken rule would leave the job waiting forever: fail in half a minute instead.
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
 	res, err := Run(ctx, r.cfg, r.opt)
 	if err != nil {
 		t.Fatalf("Run: %v", err)
