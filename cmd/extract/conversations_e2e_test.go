@@ -11,10 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/internal/testsupport"
 )
 
 // contractTokens is the simulator's chat contract computed here, from the contract's
@@ -309,14 +312,7 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 			t.Fatalf("no draft vocabulary at the job's end: %v", err)
 		}
 	}
-	if py, err := exec.LookPath("/usr/bin/python3"); err == nil && exec.Command(py, "-c", "import torch").Run() == nil {
-		src, _ := filepath.Abs("../../../shared/specforge-src")
-		out, err := exec.Command(py, "../../scripts/check_vocab_mapping.py", filepath.Join(j.out, "vocab_mapping"), "--samples",
-			filepath.Join(j.state, "prepare", "dataset.jsonl"), "--draft", "64", "--target", "259", "--specforge", src).CombinedOutput()
-		if err != nil {
-			t.Fatalf("the vocabulary differs from SpecForge's: %v\n%s", err, out)
-		}
-	}
+	checkVocabAgainstSpecForge(t, filepath.Join(j.out, "vocab_mapping"), filepath.Join(j.state, "prepare", "dataset.jsonl"), 64, 259)
 	st := j.status()
 	if st["state"] != "complete" || int(st["done"].(float64)) != len(j.samples) {
 		t.Fatalf("status %v", st)
@@ -388,4 +384,23 @@ func TestAConversationRunWithAnUnusableTokenizerFolderIsRefusedBeforeAnyServer(t
 	if res := j.run("doctor"); res.code != 3 || !strings.Contains(res.stdout+res.stderr, "tokenizer") {
 		t.Fatalf("doctor: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
+}
+
+// checkVocabAgainstSpecForge loads the job's vocab_mapping in Debian's torch and compares
+// it with SpecForge's process_token_dict_to_mappings on the same samples
+// (scripts/check_vocab_mapping.py). A subtest: without torch or SpecForge's source it
+// skips on a laptop and fails where CI requires them.
+func checkVocabAgainstSpecForge(t *testing.T, vocabDir, samples string, draft, target int) {
+	t.Run("vocabulary equals SpecForge's", func(t *testing.T) {
+		testsupport.Require(t, testsupport.Torch)
+		src, _ := filepath.Abs("../../../shared/specforge-src")
+		if _, err := os.Stat(filepath.Join(src, "specforge/data/preprocessing.py")); err != nil {
+			testsupport.Unavailable(t, testsupport.SGLangSrc, "SpecForge source absent at %s", src)
+		}
+		out, err := exec.Command("/usr/bin/python3", "../../scripts/check_vocab_mapping.py", vocabDir, "--samples", samples,
+			"--draft", strconv.Itoa(draft), "--target", strconv.Itoa(target), "--specforge", src).CombinedOutput()
+		if err != nil {
+			t.Fatalf("the vocabulary differs from SpecForge's: %v\n%s", err, out)
+		}
+	})
 }

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -66,14 +65,7 @@ func TestRunWithGenerateGoesFromConversationsToExtractedFilesThroughKills(t *tes
 			t.Fatalf("no draft vocabulary at the job's end: %v", err)
 		}
 	}
-	if py, err := exec.LookPath("/usr/bin/python3"); err == nil && exec.Command(py, "-c", "import torch").Run() == nil {
-		src, _ := filepath.Abs("../../../shared/specforge-src")
-		out, err := exec.Command(py, "../../scripts/check_vocab_mapping.py", filepath.Join(j.out, "vocab_mapping"), "--samples",
-			generated, "--draft", "64", "--target", "259", "--specforge", src).CombinedOutput()
-		if err != nil {
-			t.Fatalf("the vocabulary differs from SpecForge's: %v\n%s", err, out)
-		}
-	}
+	checkVocabAgainstSpecForge(t, filepath.Join(j.out, "vocab_mapping"), generated, 64, 259)
 	// The generated file is a conversation file too: prepare renders it to the same tokens.
 	prep := filepath.Join(j.dir, "prep")
 	if res := j.run("prepare", "--from", generated, "--to", prep); res.code != 0 {
