@@ -27,7 +27,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
--h | --help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | --bench | --bench-only) ;;
 *) echo "device_prepare.sh: takes only --bench or --bench-only, got $1 (see --help)" >&2; exit 2 ;;
 esac

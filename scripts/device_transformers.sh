@@ -29,7 +29,7 @@
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | all | exact | perf | variants | tmpfs) ;;
 *) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
 esac

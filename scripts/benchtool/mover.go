@@ -235,7 +235,7 @@ func cmdMover(args []string) error {
 	for _, x := range []struct {
 		name string
 		ts   []time.Duration
-	}{{"mover, 1 at a time", m1T}, {"mover, 4 concurrent (run.movers default)", m4T}} {
+	}{{"mover, 1 at a time", m1T}, {"mover, 4 concurrent", m4T}} {
 		v := mibps(outBytes, best(x.ts))
 		ratio := v / cp
 		if err := emit(c.results, result{Fig: "1", Name: prefix + x.name, Value: v, Unit: "MiB/s", Baseline: base1, Ratio: ratio, Target: "≥ 0.9×", Met: met(ratio >= 0.9), Note: note}); err != nil {
@@ -306,7 +306,7 @@ func cmdSmall(args []string) error {
 	n := fs.Int("n", 2000, "dumps")
 	tokens := fs.Int("tokens", 32, "tokens per dump")
 	hidden := fs.Int("hidden", 1024, "hidden size (1024 × 32 tokens = 256 KiB per dump)")
-	movers := fs.Int("movers", 4, "concurrent movers (run.movers default: 4)")
+	movers := fs.Int("movers", 4, "concurrent movers (run.movers; its default is 8)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
