@@ -78,15 +78,19 @@ func injectFault(t *testing.T, step string, errno syscall.Errno) (clear func()) 
 	return func() { on.Store(false) }
 }
 
-// moveAndCommit is the orchestrator's order (orchestrator/move.go): the sample is
-// committed to the index only once Move has made its output durable.
+// moveAndCommit is a move as the orchestrator makes it (orchestrator/move.go): Stage,
+// then CommitTo, which commits the index only once the output is durable.
 func moveAndCommit(m *Mover, ix *Index, dumpPath string, want Expect) (Moved, error) {
-	moved, err := m.moveFile(context.Background(), dumpPath, want)
+	src, err := os.Open(dumpPath)
 	if err != nil {
-		return moved, err
+		return Moved{}, err
 	}
-	return moved, ix.CommitDone(Record{Sample: want.Sample, State: StateDone, Attempt: 1, RID: want.RID,
-		Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens})
+	defer src.Close()
+	st, err := m.Stage(context.Background(), src, dumpPath, want)
+	if err != nil {
+		return Moved{}, err
+	}
+	return st.CommitTo(ix, Record{Attempt: 1, RID: want.RID})
 }
 
 // A fault at any step between the dump and the index (ENOSPC or EIO at the temp's

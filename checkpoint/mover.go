@@ -131,6 +131,30 @@ func (s *Staged) Commit() (Moved, error) {
 	return s.moved, nil
 }
 
+// IndexError is CommitTo's failure to record a durable output in the index: the state
+// disk's fault, not the output disk's.
+type IndexError struct{ Err error }
+
+func (e *IndexError) Error() string { return e.Err.Error() }
+func (e *IndexError) Unwrap() error { return e.Err }
+
+// CommitTo is Commit, then the sample marked done in ix (r's attempt, rid, source id
+// and time, with the output's bytes, crc32c and tokens): the index never says done
+// before the file is durable under its name. A failure of the index is an *IndexError;
+// the output stays, and a retry Stages the dump again.
+func (s *Staged) CommitTo(ix *Index, r Record) (Moved, error) {
+	moved, err := s.Commit()
+	if err != nil {
+		return moved, err
+	}
+	r.Sample, r.State = s.sample, StateDone
+	r.Bytes, r.CRC32C, r.Tokens = moved.Bytes, moved.CRC32C, moved.Tokens
+	if err := ix.CommitDone(r); err != nil {
+		return moved, &IndexError{fmt.Errorf("index sample %d: %w", s.sample, err)}
+	}
+	return moved, nil
+}
+
 // Stage validates the dump src against want and writes the sample's output under its
 // temp name, without an fsync. Staging is CPU and memory bound and Commit waits on the
 // disk, so the caller may run few stages and many commits at once. The temp name is the

@@ -218,16 +218,12 @@ func (m *movers) moveOne(ctx context.Context, d shm.Dump) (checkpoint.Moved, err
 	if err != nil {
 		return checkpoint.Moved{}, err
 	}
-	moved, err := staged.Commit()
+	moved, err := staged.CommitTo(m.ix, checkpoint.Record{Attempt: d.RID.Attempt, RID: d.RID.String(), Updated: time.Now().UTC(), SourceID: s.SourceID})
+	if ie, ok := errors.AsType[*checkpoint.IndexError](err); ok {
+		return moved, &indexError{ie}
+	}
 	if err != nil {
 		return moved, err
-	}
-	err = m.ix.CommitDone(checkpoint.Record{
-		Sample: s.Index, State: checkpoint.StateDone, Attempt: d.RID.Attempt, RID: d.RID.String(),
-		Bytes: moved.Bytes, CRC32C: moved.CRC32C, Tokens: moved.Tokens, Updated: time.Now().UTC(), SourceID: s.SourceID,
-	})
-	if err != nil {
-		return moved, &indexError{fmt.Errorf("index sample %d: %w", s.Index, err)}
 	}
 	if err := os.Remove(d.Path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		m.log.Warn("remove moved dump", "file", d.Path, "err", err)
