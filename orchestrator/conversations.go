@@ -43,6 +43,34 @@ func acquireStageLock(cfg *configs.Config) (*Lock, error) {
 // run lock and before any GPU time. A prepare dir made from other inputs is refused
 // naming what changed once the index has progress; without progress (or with --fresh)
 // it is prepared again.
+// extractedDataset is the file a run extracts, without making it: the dataset, the
+// prepared file for a conversation dataset, the generated one with generate.enabled.
+// verify, import and vocab read the samples from it as the run did.
+func extractedDataset(cfg *configs.Config) (string, error) {
+	if cfg.Generate.Enabled {
+		return GenerateOutput(cfg, ""), nil
+	}
+	conv, err := prepare.IsConversations(cfg)
+	if err != nil {
+		return "", fmt.Errorf("%w: %w", dataset.ErrBad, err)
+	}
+	if conv {
+		return filepath.Join(prepare.Dir(cfg), prepare.DatasetName), nil
+	}
+	return cfg.Dataset, nil
+}
+
+// openExtractedDataset opens extractedDataset.
+func openExtractedDataset(ctx context.Context, cfg *configs.Config) (*dataset.Dataset, error) {
+	path, err := extractedDataset(cfg)
+	if err != nil {
+		return nil, err
+	}
+	dsCfg := *cfg
+	dsCfg.Dataset = path
+	return dataset.OpenJob(ctx, &dsCfg)
+}
+
 func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (string, error) {
 	if cfg.Generate.Enabled {
 		return runGenerate(ctx, cfg, opt) // generate_job.go

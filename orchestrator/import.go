@@ -11,7 +11,6 @@ import (
 
 	"github.com/extract-dev/extract/checkpoint"
 	"github.com/extract-dev/extract/configs"
-	"github.com/extract-dev/extract/dataset"
 	"github.com/extract-dev/extract/doctor"
 )
 
@@ -78,7 +77,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 	if err := checkShardPlan(cfg); err != nil {
 		return rep, err
 	}
-	ds, err := dataset.OpenJob(ctx, cfg)
+	ds, err := openExtractedDataset(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}

@@ -68,7 +68,7 @@ func (s datasetSource) Sample(i int) ([]int64, []int64, error) {
 func Verify(ctx context.Context, cfg *configs.Config, opt checkpoint.VerifyOptions) (VerifyResult, error) {
 	var res VerifyResult
 	path := filepath.Join(cfg.StateDir, "index.db")
-	ds, err := dataset.OpenJob(ctx, cfg)
+	ds, err := openExtractedDataset(ctx, cfg)
 	if err != nil {
 		return res, err
 	}

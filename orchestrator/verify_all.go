@@ -108,7 +108,7 @@ func VerifyAll(ctx context.Context, cfg *configs.Config, deep bool) (VerifyAllRe
 	if done, err := verifyGenerateAll(base, n, &rep); err != nil || done {
 		return rep, err // generate_job.go; done: only the generate stage ran
 	}
-	ds, err := dataset.OpenJob(ctx, cfg)
+	ds, err := openExtractedDataset(ctx, cfg)
 	if err != nil {
 		return rep, err
 	}

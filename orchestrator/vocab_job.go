@@ -109,11 +109,9 @@ func Vocab(ctx context.Context, cfg *configs.Config) (VocabReport, error) {
 		return VocabReport{}, err
 	}
 	defer lock.Release()
-	dsPath := cfg.Dataset
-	if conv, err := prepare.IsConversations(cfg); err != nil {
-		return VocabReport{}, fmt.Errorf("%w: %w", dataset.ErrBad, err)
-	} else if conv {
-		dsPath = filepath.Join(prepare.Dir(cfg), prepare.DatasetName)
+	dsPath, err := extractedDataset(cfg)
+	if err != nil {
+		return VocabReport{}, err
 	}
 	ds, err := dataset.Open(dsPath)
 	if err != nil {

@@ -339,6 +339,11 @@ func TestConversationJobKilledDuringPrepareAndTheRunFinishesWithTheContractsToke
 			t.Fatalf("status --source-id %s: exit %d %s %s, want sample %d", ids[i], res.code, res.stdout, res.stderr, i)
 		}
 	}
+	// verify reads the samples from the prepared file, as the run did, not from the
+	// conversations (it refused every conversation job: "missing input_ids").
+	if res := j.run("verify", "--deep"); res.code != 0 || !strings.Contains(res.stdout, fmt.Sprintf("checked %d: %d ok", len(j.samples), len(j.samples))) {
+		t.Fatalf("verify --deep of a conversation job: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	for _, args := range [][]string{{"--sample", fmt.Sprint(len(j.samples))}, {"--source-id", "no-such-conversation"}} {
 		if res := j.run(append([]string{"status"}, args...)...); res.code != 2 || !strings.Contains(res.stderr, strings.TrimPrefix(args[1], "no-such-")) {
 			t.Fatalf("status %v: exit %d %s, want 2 naming it", args, res.code, res.stderr)
