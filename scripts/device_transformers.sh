@@ -25,11 +25,13 @@
 #   of VARIANTS, (c)'s under each C_VARIANTS entry J[:MOVERS[:huge]] (default 1: the first
 #   of VARIANTS, run.movers MOVERS, the output in /dev/shm), then 256 samples of (b)
 #   checked batched and (a)'s two checks, all under the first variant. PARTS picks
-#   which of "b c checks" run (default all three).
+#   which of "b c checks" run (default all three); C_SAMPLES is (c)'s sample count
+#   (default 384: 12 batches, a window of about 2 s that the pipeline's fill and drain
+#   weigh on; 1024 gives 32).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | all | exact | perf | variants | tmpfs) ;;
 *) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -275,7 +277,9 @@ EOF2
   fi
   if [[ " $PARTS " == *" c "* ]]; then
   model wide --layers 4 --hidden 7168 --intermediate 18432 --heads 56 --vocab 32000
-  python3 "$HELP" make-data "$W/c.jsonl" --samples 384 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  C_SAMPLES=${C_SAMPLES:-384}
+  python3 "$HELP" make-data "$W/c.jsonl" --samples "$C_SAMPLES" --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
+  say "output tmpfs: $(df -h "$TMPOUT" | tail -1 | tr -s ' ')"
   fwd_rate c wide 1,2,3
   k=0
   for spec in ${C_VARIANTS:-1}; do
@@ -289,7 +293,7 @@ EOF2
       mountpoint -q "$out_dir" || mount -t tmpfs -o size=48g,huge=always tmpfs "$out_dir" || { say "variant cv$k: no huge=always tmpfs here (mount failed)"; continue; }
     fi
     say "variant cv$k: run.movers ${m:-${MOVERS:-8}}, output on $out_dir"
-    TMPOUT=$out_dir MOVERS=${m:-${MOVERS:-8}} tmpfs_run "cv$k" wide 4 7168 "1, 2, 3" 384 $((31300 + k)) "${VS[$((j - 1))]}"
+    TMPOUT=$out_dir MOVERS=${m:-${MOVERS:-8}} tmpfs_run "cv$k" wide 4 7168 "1, 2, 3" "$C_SAMPLES" $((31300 + k)) "${VS[$((j - 1))]}"
   done
   fi
   if [[ " $PARTS " == *" checks "* ]]; then
