@@ -28,10 +28,12 @@
 #   which of "b c checks" run (default all three); C_SAMPLES is (c)'s sample count
 #   (default 384: 12 batches, a window of about 2 s that the pipeline's fill and drain
 #   weigh on; 1024 gives 32).
+# Every run: MAX_INFLIGHT is run.max_inflight (default 384: the server's window of 256
+#   plus what its pipeline holds), MOVERS run.movers (default 8).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | all | exact | perf | variants | tmpfs) ;;
 *) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -48,7 +50,12 @@ rm -rf "$SHM" "$TMPOUT"; mkdir -p "$SHM" "$TMPOUT"
 export EXTRACT_LOG_LEVEL=info
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
-WINDOW=256 # run.max_inflight and the server's --window-requests
+WINDOW=256 # the server's --window-requests: how many queued requests it sorts by length at once
+# run.max_inflight: the window plus the requests the server's pipeline holds unanswered
+# (the batch on the GPU, the one being copied and written: two of max_batch_requests 64).
+# With it equal to the window, the window only ever fills with what the pipeline has
+# answered, and its batches pad more (docs/performance.md, round 4).
+MAX_INFLIGHT=${MAX_INFLIGHT:-$((WINDOW + 128))}
 # More server flags, as YAML list items: SERVER_ARGS=', "--writers", "16"'
 # run.movers of every run: MOVERS=8
 SERVER_ARGS=${SERVER_ARGS:-}
@@ -80,7 +87,7 @@ server:
     max_batch_tokens: $6
     max_batch_requests: $7
 run:
-  max_inflight: $WINDOW
+  max_inflight: $MAX_INFLIGHT
   movers: ${MOVERS:-8}
 disk:
   reserve: 1GiB
@@ -254,6 +261,7 @@ fwd = json.load(open(sys.argv[3]))["forward_tokens_per_second"]
 print(f"  {sys.argv[4]}: {len(b)} batches, forward thread {sum(x for x, _ in b)/max(len(b),1):.1f} ms a batch, waiting for a host buffer {sum(y for _, y in b)/max(len(b),1):.1f} ms; "
       f"tmpfs {rate:,.0f} tok/s = {rate/fwd:.2f}x forward-only {fwd:,.0f} (want >= 0.9): {'MET' if rate >= 0.9*fwd else 'MISSED'}")
 EOF2
+    [ -n "${OUT:-}" ] && cp "$TMPOUT/$1/.extract/logs/server.log" "$OUT/$1-server.log" 2>/dev/null
     [ "${9:-}" = keep ] || rm -rf "$TMPOUT/$1"
     keep
   }
