@@ -26,14 +26,17 @@
 #   of VARIANTS, run.movers MOVERS, the output in /dev/shm), then 256 samples of (b)
 #   checked batched and (a)'s two checks, all under the first variant. PARTS picks
 #   which of "b c checks" run (default all three); C_SAMPLES is (c)'s sample count
-#   (default 384: 12 batches, a window of about 2 s that the pipeline's fill and drain
-#   weigh on; 1024 gives 32).
+#   (default 1536: 48 batches, 7 s from the first output to the last; at 384 the window
+#   was 2 s and the pipeline's fill and drain weighed on it). First it writes and
+#   removes files filling three quarters of the free memory, so that the runs' tmpfs
+#   pages are ones this VM has touched before (TOUCH=0 skips it): on a fresh machine
+#   the first run's dump writes were slow without it (docs/performance.md, round 4).
 # Every run: MAX_INFLIGHT is run.max_inflight (default 384: the server's window of 256
 #   plus what its pipeline holds), MOVERS run.movers (default 8).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | all | exact | perf | variants | tmpfs) ;;
 *) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -248,6 +251,18 @@ if [ "$MODE" = tmpfs ]; then
   # the first one also run on (c)), then a batched exactness check of 256 samples of (b)
   # under that first setting, and (a)'s two checks. The summary goes to $OUT as it grows.
   keep() { [ -n "${OUT:-}" ] && cp "$SUMMARY" "$OUT/" 2>/dev/null; true; }
+  # touch_memory: 16 writers fill three quarters of what both /dev/shm and the memory
+  # have free, then the files go; the time is in the summary.
+  touch_memory() {
+    local shm mem mib per t0
+    shm=$(df -m --output=avail /dev/shm | tail -1)
+    mem=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
+    mib=$((shm < mem ? shm : mem)); per=$((mib * 3 / 4 / 16)); t0=$(now)
+    for i in $(seq 16); do dd if=/dev/zero of="$SHM/touch$i" bs=1M count=$per status=none & done
+    wait; rm -f "$SHM"/touch*
+    say "touched $((per * 16)) MiB of tmpfs memory in $(python3 -c "print(round($(now) - $t0, 1))")s"
+  }
+  [ "${TOUCH:-1}" = 0 ] || touch_memory
   # tmpfs_run NAME MODEL LAYERS HIDDEN CAPTURE SAMPLES PORT ARGS: the run, its server's batch times, the ratio
   tmpfs_run() {
     SERVER_ARGS=$8 config "$1" "$W/models/$2" "$3" "$4" "$5" 16384 64 "$7" "$TMPOUT/$1"
@@ -285,7 +300,7 @@ EOF2
   fi
   if [[ " $PARTS " == *" c "* ]]; then
   model wide --layers 4 --hidden 7168 --intermediate 18432 --heads 56 --vocab 32000
-  C_SAMPLES=${C_SAMPLES:-384}
+  C_SAMPLES=${C_SAMPLES:-1536}
   python3 "$HELP" make-data "$W/c.jsonl" --samples "$C_SAMPLES" --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
   say "output tmpfs: $(df -h "$TMPOUT" | tail -1 | tr -s ' ')"
   fwd_rate c wide 1,2,3
