@@ -225,6 +225,12 @@ func (sv *supervisor) bringUp(ctx context.Context, rep *replica, restart bool) u
 	if err := info.CheckCapture(rep.spec); err != nil {
 		stop()
 		up.err = fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, rep.spec.BaseURL(), err)
+		return up
+	}
+	if need, ok := info.InflightToFill(); ok && sv.cfg.Run.MaxInflight < need*len(sv.replicas) {
+		sv.log.Warn("run.max_inflight leaves the server's sort window short: its batches pad more, and the GPU computes more a token; raise run.max_inflight or lower --window-requests",
+			"replica", rep.n, "max_inflight", sv.cfg.Run.MaxInflight, "replicas", len(sv.replicas),
+			"window_requests", info.Raw["window_requests"], "want_max_inflight", need*len(sv.replicas))
 	}
 	return up
 }

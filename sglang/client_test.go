@@ -290,3 +290,27 @@ func TestHookRefusalFindsTheHooksFatalLineInTheLogTail(t *testing.T) {
 		t.Error("a clean log reported as a refusal")
 	}
 }
+
+func TestInflightToFillIsTheWindowAndTwoBatchesOfAServerThatReportsThem(t *testing.T) {
+	tests := []struct {
+		name string
+		raw  map[string]any
+		need int
+		ok   bool
+	}{
+		{"the transformers server", map[string]any{"window_requests": 256.0, "max_batch_requests": 64.0}, 384, true},
+		{"SGLang reports neither", map[string]any{"max_running_requests": 256.0}, 0, false},
+		{"a window without a batch size", map[string]any{"window_requests": 256.0}, 0, false},
+		{"a string, not a number", map[string]any{"window_requests": "256", "max_batch_requests": 64.0}, 0, false},
+		{"zero", map[string]any{"window_requests": 0.0, "max_batch_requests": 64.0}, 0, false},
+		{"absurd", map[string]any{"window_requests": 1e300, "max_batch_requests": 64.0}, 0, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			need, ok := ServerInfo{Raw: tc.raw}.InflightToFill()
+			if need != tc.need || ok != tc.ok {
+				t.Errorf("InflightToFill = %d, %v; want %d, %v", need, ok, tc.need, tc.ok)
+			}
+		})
+	}
+}

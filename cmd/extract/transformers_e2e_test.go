@@ -186,6 +186,11 @@ func TestTransformersKindRunsThroughTheOrchestratorAndEveryOutputIsExact(t *test
 	if !strings.Contains(log, "tiny-test-module (not transformers)") || !strings.Contains(log, "extract_hfserver") {
 		t.Errorf("server log does not show the transformers server with the tiny module:\n%s", log)
 	}
+	// run.max_inflight 16 against the server's window of 256 and batches of 8: the run
+	// says, once, that 272 would fill it.
+	if n := strings.Count(mustRead(t, filepath.Join(j.state, "logs", "extract.log")), `"want_max_inflight":272`); n != 1 {
+		t.Errorf("the short sort window was warned of %d times, want once", n)
+	}
 }
 
 // outputs counts the finished output files.
