@@ -330,6 +330,7 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	if c.StateDir == "" && c.OutputDir != "" {
 		c.StateDir = filepath.Join(c.OutputDir, ".extract")
 	}
+	c.applyKindDefaults(func(key string) bool { _, _, ok := o.where(key); return ok })
 	if err := c.resolveShard(shard, os.Getenv); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}

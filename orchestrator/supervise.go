@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/extract-dev/extract/configs"
@@ -87,6 +88,9 @@ type supervisor struct {
 	health   chan healthResult
 	ups      chan upResult // restarts that bringUp finished
 	backoff  func(n int) time.Duration
+	// windowWarning says once a run, not per replica or restart, that the servers'
+	// sort windows are fed short.
+	windowWarning sync.Once
 }
 
 func newSupervisor(cfg *configs.Config, opt RunOptions) *supervisor {
@@ -227,12 +231,27 @@ func (sv *supervisor) bringUp(ctx context.Context, rep *replica, restart bool) u
 		up.err = fmt.Errorf("%w: server %s is not set up for capture: %v", ErrRefused, rep.spec.BaseURL(), err)
 		return up
 	}
-	if need, ok := info.InflightToFill(); ok && sv.cfg.Run.MaxInflight < need*len(sv.replicas) {
-		sv.log.Warn("run.max_inflight leaves the server's sort window short: its batches pad more, and the GPU computes more a token; raise run.max_inflight or lower --window-requests",
-			"replica", rep.n, "max_inflight", sv.cfg.Run.MaxInflight, "replicas", len(sv.replicas),
-			"window_requests", info.Raw["window_requests"], "want_max_inflight", need*len(sv.replicas))
+	if want, short := sortWindowShort(info, sv.cfg.Run.MaxInflight, len(sv.replicas)); short {
+		sv.windowWarning.Do(func() {
+			window, batch, _ := info.SortWindow()
+			sv.log.Warn("run.max_inflight leaves the server's sort window short: its batches pad more, and the GPU computes more a token; raise run.max_inflight to want_max_inflight",
+				"max_inflight", sv.cfg.Run.MaxInflight, "replicas", len(sv.replicas),
+				"window_requests", window, "max_batch_requests", batch, "want_max_inflight", want)
+		})
 	}
 	return up
+}
+
+// sortWindowShort says whether maxInflight requests, shared by replicas servers, leave
+// a server that sorts its queue in windows (info reports one) windows filled short, and
+// what would fill them all.
+func sortWindowShort(info sglang.ServerInfo, maxInflight, replicas int) (want int, short bool) {
+	window, batch, ok := info.SortWindow()
+	if !ok {
+		return 0, false
+	}
+	want = configs.InflightToFill(window, batch) * max(replicas, 1)
+	return want, maxInflight < want
 }
 
 // label names a replica in messages when the job has several.

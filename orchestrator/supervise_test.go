@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"testing"
 	"time"
+
+	"github.com/extract-dev/extract/sglang"
 )
 
 func TestEachSampleGoesToTheReadyReplicaWithTheFewestTokensInFlight(t *testing.T) {
@@ -70,5 +72,28 @@ func TestASampleSentAloneGetsAnIdleReplicaAndNoneShareIt(t *testing.T) {
 	reps = []replicaView{{ready: true, load: 50}, {ready: true, busy: true, exclusive: true}, {ready: true, load: 40}}
 	if got := leastLoaded(reps); got != 2 {
 		t.Errorf("least loaded beside an exclusive replica = %d, want 2", got)
+	}
+}
+
+func TestASortWindowIsShortWhenTheRequestsOpenCannotFillEveryReplicasWindow(t *testing.T) {
+	transformers := sglang.ServerInfo{Raw: map[string]any{"server_kind": "transformers", "window_requests": 256.0, "max_batch_requests": 64.0}}
+	for _, c := range []struct {
+		name                  string
+		info                  sglang.ServerInfo
+		maxInflight, replicas int
+		want                  int
+		short                 bool
+	}{
+		{"the general default", transformers, 32, 1, 384, true},
+		{"one short", transformers, 383, 1, 384, true},
+		{"exactly enough", transformers, 384, 1, 384, false},
+		{"shared by two replicas", transformers, 384, 2, 768, true},
+		{"enough for two", transformers, 768, 2, 768, false},
+		{"SGLang reports no window", sglang.ServerInfo{Raw: map[string]any{"max_running_requests": 4.0}}, 1, 1, 0, false},
+	} {
+		want, short := sortWindowShort(c.info, c.maxInflight, c.replicas)
+		if want != c.want || short != c.short {
+			t.Errorf("%s: sortWindowShort = %d, %v; want %d, %v", c.name, want, short, c.want, c.short)
+		}
 	}
 }

@@ -54,10 +54,11 @@ export EXTRACT_LOG_LEVEL=info
 SUMMARY=$W/summary.txt; : >"$SUMMARY"
 FAIL=0
 WINDOW=256 # the server's --window-requests: how many queued requests it sorts by length at once
-# run.max_inflight: the window plus the requests the server's pipeline holds unanswered
-# (the batch on the GPU, the one being copied and written: two of max_batch_requests 64).
-# With it equal to the window, the window only ever fills with what the pipeline has
-# answered, and its batches pad more (docs/performance.md, round 4).
+# run.max_inflight: the window plus two batches of max_batch_requests 64, what a
+# transformers job defaults to (configs.InflightToFill). The server answers a request
+# once its dump is written, so with run.max_inflight equal to the window, the windows
+# held only what the batches still being written left, and padded more
+# (docs/performance.md, round 4). Written out so every run here says what it used.
 MAX_INFLIGHT=${MAX_INFLIGHT:-$((WINDOW + 128))}
 # More server flags, as YAML list items: SERVER_ARGS=', "--writers", "16"'
 # run.movers of every run: MOVERS=8
@@ -251,18 +252,30 @@ if [ "$MODE" = tmpfs ]; then
   # the first one also run on (c)), then a batched exactness check of 256 samples of (b)
   # under that first setting, and (a)'s two checks. The summary goes to $OUT as it grows.
   keep() { [ -n "${OUT:-}" ] && cp "$SUMMARY" "$OUT/" 2>/dev/null; true; }
-  # touch_memory: 16 writers fill three quarters of what both /dev/shm and the memory
-  # have free, then the files go; the time is in the summary.
+  # touch_memory: 16 writers fill three quarters of what /dev/shm, the memory and this
+  # cgroup's limit have free, then the files go, also when the script is stopped meanwhile.
   touch_memory() {
-    local shm mem mib per t0
+    local shm mem lim mib per t0 i wrote
     shm=$(df -m --output=avail /dev/shm | tail -1)
     mem=$(awk '/MemAvailable/ {print int($2 / 1024)}' /proc/meminfo)
-    mib=$((shm < mem ? shm : mem)); per=$((mib * 3 / 4 / 16)); t0=$(now)
+    mib=$((shm < mem ? shm : mem))
+    lim=$(cat /sys/fs/cgroup/memory.max 2>/dev/null || echo max)
+    if [ "$lim" != max ] && [ -r /sys/fs/cgroup/memory.current ]; then
+      lim=$(((lim - $(cat /sys/fs/cgroup/memory.current)) / 1048576))
+      mib=$((lim < mib ? lim : mib))
+    fi
+    per=$((mib * 3 / 4 / 16)); t0=$(now)
+    [ "$per" -gt 0 ] || { say "touched no memory: $mib MiB free"; return; }
+    untouch() { kill $(jobs -p) 2>/dev/null; wait; rm -f "$SHM"/touch*; }
+    trap untouch EXIT; trap 'untouch; exit 143' INT TERM
     for i in $(seq 16); do dd if=/dev/zero of="$SHM/touch$i" bs=1M count=$per status=none & done
-    wait; rm -f "$SHM"/touch*
-    say "touched $((per * 16)) MiB of tmpfs memory in $(python3 -c "print(round($(now) - $t0, 1))")s"
+    wait
+    wrote=$(du -cm "$SHM"/touch* 2>/dev/null | tail -1 | cut -f1)
+    untouch; trap - EXIT INT TERM
+    say "touched ${wrote:-0} MiB of tmpfs memory (of $((per * 16)) asked) in $(python3 -c "print(round($(now) - $t0, 1))")s"
   }
-  [ "${TOUCH:-1}" = 0 ] || touch_memory
+  PARTS=${PARTS:-b c checks}
+  if [ "${TOUCH:-1}" != 0 ] && [[ " $PARTS " == *" b "* || " $PARTS " == *" c "* ]]; then touch_memory; fi
   # tmpfs_run NAME MODEL LAYERS HIDDEN CAPTURE SAMPLES PORT ARGS: the run, its server's batch times, the ratio
   tmpfs_run() {
     SERVER_ARGS=$8 config "$1" "$W/models/$2" "$3" "$4" "$5" 16384 64 "$7" "$TMPOUT/$1"
@@ -287,7 +300,6 @@ EOF2
   }
   IFS=';' read -ra VS <<<"${VARIANTS:-}"
   [ ${#VS[@]} -gt 0 ] || VS=("")
-  PARTS=${PARTS:-b c checks}
   model big --layers 8 --hidden 4096 --intermediate 8192 --heads 32 --vocab 32000
   python3 "$HELP" make-data "$W/b.jsonl" --samples 1024 --min-len 32 --max-len 768 --vocab 32000 | tee -a "$SUMMARY"
   if [[ " $PARTS " == *" b "* ]]; then

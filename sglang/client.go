@@ -282,22 +282,21 @@ func (c *Client) ServerInfo(ctx context.Context) (ServerInfo, error) {
 	return info, nil
 }
 
-// InflightToFill is how many requests one server must hold open for its batches to be
-// cut from a full window, for a server that reports one: the transformers server sorts
-// up to window_requests queued requests by length at a time, and answers a request only
-// once its dump is written, so while two batches (the one on the GPU, the one being
-// written) of up to max_batch_requests are unanswered the queue holds that many fewer.
-// A window filled short pads more: on an H200 at hidden 7168 the server's batches
-// padded 5.0% more than full windows of 256 would with 256 requests open, and 2.8% more
-// with 384 (docs/performance.md, round 4). ok is false for a server that reports no window
-// (SGLang schedules its own way).
-func (s ServerInfo) InflightToFill() (need int, ok bool) {
-	window, okW := s.Raw["window_requests"].(float64)
-	batch, okB := s.Raw["max_batch_requests"].(float64)
-	if !okW || !okB || window < 1 || batch < 1 || window > 1<<20 || batch > 1<<20 {
-		return 0, false
+// SortWindow is the window a server that sorts its queue before batching reports in
+// /server_info: the transformers server's window_requests and max_batch_requests (see
+// configs.InflightToFill for what that asks of run.max_inflight). ok is false for a
+// server that reports no window (SGLang schedules its own way) or absurd values.
+func (s ServerInfo) SortWindow() (window, batchRequests int, ok bool) {
+	if kind, _ := s.Raw["server_kind"].(string); kind != "transformers" {
+		return 0, 0, false
 	}
-	return int(window) + 2*int(batch), true
+	w, okW := s.Raw["window_requests"].(float64)
+	b, okB := s.Raw["max_batch_requests"].(float64)
+	// Bounded so that the orchestrator's sums stay far from overflow.
+	if !okW || !okB || w < 1 || b < 1 || w > 1<<20 || b > 1<<20 {
+		return 0, 0, false
+	}
+	return int(w), int(b), true
 }
 
 // CheckCapture says whether the server can produce protocol v1 dumps for spec: radix

@@ -291,25 +291,33 @@ func TestHookRefusalFindsTheHooksFatalLineInTheLogTail(t *testing.T) {
 	}
 }
 
-func TestInflightToFillIsTheWindowAndTwoBatchesOfAServerThatReportsThem(t *testing.T) {
+func TestSortWindowIsReadOnlyFromTheTransformersServer(t *testing.T) {
+	tf := func(kv ...any) map[string]any {
+		m := map[string]any{"server_kind": "transformers"}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	}
 	tests := []struct {
-		name string
-		raw  map[string]any
-		need int
-		ok   bool
+		name          string
+		raw           map[string]any
+		window, batch int
+		ok            bool
 	}{
-		{"the transformers server", map[string]any{"window_requests": 256.0, "max_batch_requests": 64.0}, 384, true},
-		{"SGLang reports neither", map[string]any{"max_running_requests": 256.0}, 0, false},
-		{"a window without a batch size", map[string]any{"window_requests": 256.0}, 0, false},
-		{"a string, not a number", map[string]any{"window_requests": "256", "max_batch_requests": 64.0}, 0, false},
-		{"zero", map[string]any{"window_requests": 0.0, "max_batch_requests": 64.0}, 0, false},
-		{"absurd", map[string]any{"window_requests": 1e300, "max_batch_requests": 64.0}, 0, false},
+		{"the transformers server", tf("window_requests", 256.0, "max_batch_requests", 64.0), 256, 64, true},
+		{"SGLang reports no window", map[string]any{"max_running_requests": 256.0}, 0, 0, false},
+		{"the same keys from another kind", map[string]any{"window_requests": 256.0, "max_batch_requests": 64.0}, 0, 0, false},
+		{"a window without a batch size", tf("window_requests", 256.0), 0, 0, false},
+		{"a string, not a number", tf("window_requests", "256", "max_batch_requests", 64.0), 0, 0, false},
+		{"zero", tf("window_requests", 0.0, "max_batch_requests", 64.0), 0, 0, false},
+		{"absurd", tf("window_requests", 1e300, "max_batch_requests", 64.0), 0, 0, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			need, ok := ServerInfo{Raw: tc.raw}.InflightToFill()
-			if need != tc.need || ok != tc.ok {
-				t.Errorf("InflightToFill = %d, %v; want %d, %v", need, ok, tc.need, tc.ok)
+			w, b, ok := ServerInfo{Raw: tc.raw}.SortWindow()
+			if w != tc.window || b != tc.batch || ok != tc.ok {
+				t.Errorf("SortWindow = %d, %d, %v; want %d, %d, %v", w, b, ok, tc.window, tc.batch, tc.ok)
 			}
 		})
 	}
