@@ -330,7 +330,9 @@ func LoadShard(file string, flags []Flag, shard string) (*Config, error) {
 	if c.StateDir == "" && c.OutputDir != "" {
 		c.StateDir = filepath.Join(c.OutputDir, ".extract")
 	}
-	c.applyKindDefaults(func(key string) bool { _, _, ok := o.where(key); return ok })
+	// A key written with no value ("max_inflight:") is YAML's null: viper keeps the
+	// default for it, and so does this.
+	c.applyKindDefaults(func(key string) bool { _, raw, ok := o.where(key); return ok && raw != "" })
 	if err := c.resolveShard(shard, os.Getenv); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}

@@ -29,6 +29,7 @@ func TestATransformersJobsMaxInflightDefaultsToFillingEveryReplicasSortWindow(t 
 		{"two replicas share it", transformers + "  replicas: 2\n", "", nil, 2 * (256 + 2*64)},
 		{"a flag left unset", transformers, "", flagSet(), 256 + 2*64},
 		{"set in the file", transformers + "run:\n  max_inflight: 16\n", "", nil, 16},
+		{"written with no value", transformers + "run:\n  max_inflight:\n", "", nil, 256 + 2*64},
 		{"set in env", transformers, "20", nil, 20},
 		{"set by a flag", transformers, "", flagSet("--max-inflight=24"), 24},
 		{"kind sglang keeps the general default", strings.Replace(transformers, "kind: transformers", "kind: sglang", 1), "", nil, 32},

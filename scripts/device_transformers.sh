@@ -27,16 +27,17 @@
 #   checked batched and (a)'s two checks, all under the first variant. PARTS picks
 #   which of "b c checks" run (default all three); C_SAMPLES is (c)'s sample count
 #   (default 1536: 48 batches, 7 s from the first output to the last; at 384 the window
-#   was 2 s and the pipeline's fill and drain weighed on it). First it writes and
-#   removes files filling three quarters of the free memory, so that the runs' tmpfs
-#   pages are ones this VM has touched before (TOUCH=0 skips it): on a fresh machine
-#   the first run's dump writes were slow without it (docs/performance.md, round 4).
+#   was 2 s and the pipeline's fill and drain weighed on it). Where b or c runs, it
+#   first writes and removes files filling three quarters of the free memory (the least
+#   of /dev/shm's, the memory's and a cgroup limit's), so that the runs' tmpfs pages are
+#   ones this VM has touched before (TOUCH=0 skips it): on a fresh machine the first
+#   run's dump writes were slow without it (docs/performance.md, round 4).
 # Every run: MAX_INFLIGHT is run.max_inflight (default 384: the server's window of 256
 #   plus what its pipeline holds), MOVERS run.movers (default 8).
 # Prints one summary at the end; exit 0 only if every check passed.
 set -uo pipefail
 case "${1:-}" in
--h | --help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 "" | all | exact | perf | variants | tmpfs) ;;
 *) echo "device_transformers.sh: the mode is all, exact, perf, variants or tmpfs, got $1 (see --help)" >&2; exit 2 ;;
 esac
@@ -267,7 +268,7 @@ if [ "$MODE" = tmpfs ]; then
     per=$((mib * 3 / 4 / 16)); t0=$(now)
     [ "$per" -gt 0 ] || { say "touched no memory: $mib MiB free"; return; }
     untouch() { kill $(jobs -p) 2>/dev/null; wait; rm -f "$SHM"/touch*; }
-    trap untouch EXIT; trap 'untouch; exit 143' INT TERM
+    trap untouch EXIT; trap 'untouch; exit 130' INT; trap 'untouch; exit 143' TERM
     for i in $(seq 16); do dd if=/dev/zero of="$SHM/touch$i" bs=1M count=$per status=none & done
     wait
     wrote=$(du -cm "$SHM"/touch* 2>/dev/null | tail -1 | cut -f1)

@@ -216,6 +216,35 @@ class ServerTest(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, f"never {n} requests being served")
             time.sleep(0.01)
 
+    def test_a_probe_runs_before_the_requests_queued_ahead_of_it(self):
+        # Behind a full sort window a probe would outwait the orchestrator's health and
+        # adoption timeouts on a slow model; it goes before the worker's next batch.
+        prompts = {f"s{800 + i:09d}-a1": [(3 * i + p) % 1000 for p in range(4)] for i in range(40)}
+        answered = {}
+
+        def post(rid, ids):
+            status, _ = self.post({"rid": rid, "input_ids": ids})
+            answered[rid] = time.monotonic()
+            return status
+
+        def probe():
+            status, _ = self.get("/health_generate")
+            return status, time.monotonic()
+
+        release = self.hold_forwards()
+        with concurrent.futures.ThreadPoolExecutor(len(prompts) + 1) as pool:
+            posts = [pool.submit(post, rid, ids) for rid, ids in prompts.items()]
+            self.wait_serving(len(prompts))
+            probed = pool.submit(probe)
+            time.sleep(0.2)  # the probe reaches the server while the first batch is held
+            release()
+            status, at = probed.result()
+            self.assertEqual([f.result() for f in posts], [200] * len(prompts))
+        self.assertEqual(status, 200)
+        first = sorted(rid for rid, t in answered.items() if t < at)
+        # Batches of 8 here: the one held when the probe came, and at most one more.
+        self.assertLessEqual(len(first), 16, f"{len(first)} of {len(prompts)} requests queued before the probe were answered before it")
+
     def test_a_retried_rid_joins_the_request_in_flight_and_is_computed_once(self):
         import tinymodel
 

@@ -1,4 +1,4 @@
-"""HTTP front, batching worker and dump writing of the transformers server.
+"""Batching worker and dump writing of the transformers server (its HTTP front is front.py).
 
 Threads: http.server answers each connection on its own thread and queues /generate
 requests; one worker thread takes windows of them, sorted by length, cuts them into
@@ -7,24 +7,24 @@ captured layers on the GPU and hands them to extract_hook.pipeline, which copies
 to pinned host memory on a side stream and writes the dumps on its writer threads
 while the next forward runs. A /generate answers only after its dump is renamed into
 place, so (unlike SGLang's hook, which writes after the answer) a 200 means the file is
-there.
+there. A /health_generate probe's forward runs before the worker's next batch, not
+behind the queue.
 """
 
 import argparse
 import array
-import json
 import logging
 import os
 import queue
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from extract_hook import writer
 
-from . import SERVER_VERSION, backend, generation
+from . import SERVER_VERSION, backend
 from .batching import Request, Serving, plan_window, spans
+from .front import Handler, Listener
 
 log = logging.getLogger("extract_hfserver")
 
@@ -46,6 +46,10 @@ def check_layers(layers, num_layers):
         )
 
 
+# Put in the queue beside each probe, so that an idle worker wakes for it.
+_WAKE = object()
+
+
 class Engine:
     """Owns the backend, the queue, the batch worker and the dump pipeline."""
 
@@ -57,6 +61,8 @@ class Engine:
         self.ready = threading.Event()
         self.dead = None  # set to a message when the worker died
         self.queue = queue.Queue()
+        self.probes = queue.Queue()  # /health_generate's forwards, run before the next batch
+        self._probing = []  # the probes of the forward running now, for the death path
         self.stats = {"batches": 0, "requests": 0, "tokens": 0, "padded_tokens": 0, "max_batch_requests_seen": 0, "forward_seconds": 0.0,
                       "buffer_wait_seconds": 0.0}
         self.stats_lock = threading.Lock()
@@ -80,6 +86,18 @@ class Engine:
             self.queue.put(req)
         return req
 
+    def probe(self, req):
+        """Queues a health probe's forward ahead of the requests: it runs before the
+        worker's next batch. Behind the queue it would wait out a whole sort window (as
+        many requests as the orchestrator holds open: 384 by default), longer than the
+        orchestrator's probe timeouts on a slow model; it still needs the GPU to answer."""
+        if self.dead:
+            req.finish(500, self.dead)
+        else:
+            self.probes.put(req)
+            self.queue.put(_WAKE)
+        return req
+
     def _worker(self):
         window = []
         try:
@@ -93,25 +111,44 @@ class Engine:
                         window.append(self.queue.get(timeout=timeout) if timeout else self.queue.get_nowait())
                     except queue.Empty:
                         break
+                window = [r for r in window if r is not _WAKE]
                 batches = plan_window(window, self.args.max_batch_tokens, self.args.max_batch_requests)
                 window = [r for b in batches for r in b]
+                self._run_probes()
                 while batches:
                     self._run(batches[0])
                     window = window[len(batches.pop(0)) :]
+                    self._run_probes()
         except BaseException as e:  # the server cannot serve any more: say so everywhere
             log.exception("batch worker died")
             self.dead = f"batch worker died: {type(e).__name__}: {e}"
-            for req in window:
+            for req in [*window, *self._probing]:
                 req.finish(500, self.dead)
-            while True:
-                try:
-                    self.queue.get_nowait().finish(500, self.dead)
-                except queue.Empty:
-                    break
+            for q in (self.queue, self.probes):
+                while True:
+                    try:
+                        req = q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if req is not _WAKE:
+                        req.finish(500, self.dead)
             # Exit rather than linger unable to serve: the orchestrator sees a dead server
             # at once and restarts it (within server.max_restarts).
             time.sleep(0.5)  # let the handlers answer the failed requests
             os._exit(1)
+
+    def _run_probes(self):
+        """Runs the probes waiting, as one batch of one-token forwards."""
+        probes = []
+        while len(probes) < self.args.max_batch_requests:
+            try:
+                probes.append(self.probes.get_nowait())
+            except queue.Empty:
+                break
+        if probes:
+            self._probing = probes
+            self._run(probes)
+            self._probing = []
 
     def _run(self, batch):
         """Runs one batch's forward and queues its dumps; returns without waiting for
@@ -300,121 +337,6 @@ def _out_of_memory():
     return getattr(torch.cuda, "OutOfMemoryError", MemoryError)
 
 
-class Handler(BaseHTTPRequestHandler):
-    server_version = "extract-hfserver/" + SERVER_VERSION
-    protocol_version = "HTTP/1.1"
-    engine = None  # set by serve()
-
-    def log_message(self, fmt, *args):  # access log only at debug: one line a request is noise
-        log.debug("%s " + fmt, self.address_string(), *args)
-
-    def _json(self, status, body):
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def _error(self, status, message):
-        self._json(status, {"error": {"message": message, "code": status}})
-
-    def do_GET(self):
-        e = self.engine
-        path = self.path.split("?", 1)[0]
-        if path in ("/server_info", "/get_server_info"):
-            return self._json(200, e.info())
-        if path == "/model_info":
-            m = e.model
-            if m is None:
-                return self._error(503, "model is loading")
-            return self._json(200, {"model_path": e.args.model_path, "is_generation": True,
-                                    "hidden_size": m.hidden_size, "num_layers": m.num_layers,
-                                    "architectures": m.architectures})
-        if path == "/health":
-            if e.dead:
-                return self._error(500, e.dead)
-            if not e.ready.is_set():
-                return self._error(503, "model is loading")
-            return self._json(200, {})
-        if path == "/health_generate":
-            # As SGLang: answer only after a real forward, so a hung GPU shows as a hang.
-            if not e.ready.is_set():
-                return self._error(503, "model is loading")
-            req = e.submit(Request(None, [0]))
-            req.done.wait()
-            if req.status != 200:
-                return self._error(req.status, req.error)
-            return self._json(200, {})
-        self._error(404, f"no endpoint {path}")
-
-    def do_POST(self):
-        e = self.engine
-        path = self.path.split("?", 1)[0]
-        if path != "/generate":
-            return self._error(404, f"no endpoint {path}")
-        started = time.monotonic()
-        try:
-            n = int(self.headers.get("Content-Length", "0"))
-            body = json.loads(self.rfile.read(n) or b"{}")
-        except (ValueError, json.JSONDecodeError) as err:
-            return self._error(400, f"request body is not JSON: {err}")
-        if not e.ready.is_set():
-            return self._error(503, "model is loading")
-        if generation.is_generation(body):  # extract generate (generation.py)
-            return generation.serve(self, e, body, started)
-        rid, ids, msg = parse_generate(body, e.model)
-        if msg:
-            return self._error(400, msg)
-        req, new = e.serving.admit(rid, ids)
-        if req is None:
-            return self._error(409, new)
-        if new:
-            e.submit(req)
-        req.done.wait()
-        if req.status != 200:
-            return self._error(req.status, req.error)
-        self._json(200, {
-            "text": "",
-            "output_ids": [],
-            "meta_info": {"id": rid, "prompt_tokens": len(ids), "completion_tokens": 0,
-                          "finish_reason": {"type": "length", "length": 0},
-                          "e2e_latency": time.monotonic() - started},
-        })
-
-
-def parse_generate(body, model):
-    """Returns (rid, ids, error message) for a /generate body."""
-    if not isinstance(body, dict):
-        return None, None, "request body must be a JSON object"
-    rid = body.get("rid")
-    try:
-        writer.check_rid(rid)
-    except ValueError as err:
-        return None, None, str(err)
-    ids, text = body.get("input_ids"), body.get("text")
-    if (ids is None) == (text is None):
-        return rid, None, "set exactly one of input_ids and text"
-    if text is not None:
-        if model.tokenizer is None:
-            return rid, None, "this model folder has no tokenizer: give input_ids"
-        if not isinstance(text, str):
-            return rid, None, "text must be a string"
-        ids = model.tokenizer(text)
-    if not isinstance(ids, list) or not ids:
-        return rid, None, "input_ids must be a non-empty list of integers"
-    # An id outside the vocabulary would be a device-side assert on a GPU, which kills
-    # the process: refuse it here instead. The common case in C (set, min, max: the GIL
-    # this thread holds is the one the forward thread needs); the loop names the bad id.
-    vocab = model.vocab_size
-    if set(map(type, ids)) == {int} and min(ids) >= 0 and (vocab is None or max(ids) < vocab):
-        return rid, ids, None
-    for i in ids:
-        if type(i) is not int or i < 0 or (vocab is not None and i >= vocab):
-            return rid, None, f"input id {i!r} is not an integer in [0, {vocab})"
-    return rid, ids, None
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="extract_hfserver")
     p.add_argument("--model-path", required=True)
@@ -439,18 +361,6 @@ def parse_args(argv):
     p.add_argument("--host-buffers", type=int, default=3,
                    help="pinned host buffers of max-batch-tokens rows: batches copied or written at once")
     return p.parse_args(argv)
-
-
-class Listener(ThreadingHTTPServer):
-    """ThreadingHTTPServer with a listen backlog that holds a whole admission window.
-
-    socketserver's default backlog is 5: the orchestrator opens up to max_inflight
-    connections at once, and while the GIL is busy with a batch the accept thread falls
-    behind, the queue overflows and clients see resets. SGLang's uvicorn listens with 2048.
-    """
-
-    request_queue_size = 2048
-    daemon_threads = True
 
 
 def main(argv=None):
