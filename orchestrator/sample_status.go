@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -50,14 +48,7 @@ func QuerySamples(ctx context.Context, cfg *configs.Config, q SampleQuery) ([]Sa
 	if h, held := LockHolder(cfg.StateDir); held && h.IsRun() {
 		return querySamplesLive(ctx, cfg.StateDir, q, h.PID)
 	}
-	path := filepath.Join(cfg.StateDir, "index.db")
-	if _, err := os.Stat(path); err != nil {
-		if os.IsNotExist(err) {
-			return nil, noIndex(cfg, path)
-		}
-		return nil, fmt.Errorf("index %s: %w", path, err)
-	}
-	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: time.Second})
+	ix, _, err := openIndexToQuery(cfg)
 	if err != nil {
 		return nil, err
 	}

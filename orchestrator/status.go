@@ -310,17 +310,10 @@ func queryLive(ctx context.Context, stateDir string) (Status, error) {
 
 func statusFromIndex(cfg *configs.Config) (Status, error) {
 	st := Status{State: "stopped", Source: "index", ETASeconds: -1, Dataset: cfg.Dataset, OutputDir: cfg.OutputDir, Paused: []string{}, Rejected: map[string]int64{}}
-	path := filepath.Join(cfg.StateDir, "index.db")
-	if _, err := os.Stat(path); err != nil {
-		if os.IsNotExist(err) {
-			if hasGenerateIndex(cfg.StateDir) {
-				return st, nil // only the generate stage has run: its block says where it stands
-			}
-			return st, noIndex(cfg, path)
-		}
-		return st, fmt.Errorf("index %s: %w", path, err)
+	ix, missing, err := openIndexToQuery(cfg)
+	if missing && hasGenerateIndex(cfg.StateDir) {
+		return st, nil // only the generate stage has run: its block says where it stands
 	}
-	ix, err := checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: time.Second})
 	if err != nil {
 		return st, err
 	}
@@ -343,11 +336,25 @@ func statusFromIndex(cfg *configs.Config) (Status, error) {
 	if st.Total > 0 && st.Done == st.Total {
 		st.State, st.ETASeconds = "complete", 0
 	}
-	if info, err := os.Stat(path); err == nil {
+	if info, err := os.Stat(ix.Path()); err == nil {
 		st.UpdatedAt = info.ModTime()
 	}
 	st.Rejected = lastRejected(cfg.StateDir)
 	return st, nil
+}
+
+// openIndexToQuery opens the job's index read-only for status and status --sample;
+// missing says there is none yet, and the error is then noIndex's.
+func openIndexToQuery(cfg *configs.Config) (ix *checkpoint.Index, missing bool, err error) {
+	path := filepath.Join(cfg.StateDir, "index.db")
+	if _, err := os.Stat(path); err != nil {
+		if os.IsNotExist(err) {
+			return nil, true, noIndex(cfg, path)
+		}
+		return nil, false, fmt.Errorf("index %s: %w", path, err)
+	}
+	ix, err = checkpoint.Open(path, checkpoint.OpenOptions{ReadOnly: true, Timeout: time.Second})
+	return ix, false, err
 }
 
 // noIndex is status with no index at path: no job has run with this config here, or
