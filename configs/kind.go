@@ -19,6 +19,8 @@ func InflightToFill(window, batchRequests int) int { return window + 2*batchRequ
 // run.max_inflight fills every replica's sort window; the general default, 32, would
 // hold each window to 32 requests, fewer than one batch of 64.
 func (c *Config) applyKindDefaults(set func(key string) bool) {
+	// This runs before Validate: the bounds keep an absurd replicas or
+	// max_batch_requests from overflowing here, and Validate then names that key alone.
 	if c.Server.Kind == "transformers" && !set("run.max_inflight") && c.Server.Replicas <= maxReplicas {
 		perServer := InflightToFill(TransformersWindow, min(max(c.Server.Transformers.MaxBatchRequests, 0), maxInflight))
 		c.Run.MaxInflight = min(c.replicas()*perServer, maxInflight)

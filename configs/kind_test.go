@@ -48,3 +48,11 @@ func TestATransformersJobsMaxInflightDefaultsToFillingEveryReplicasSortWindow(t 
 		})
 	}
 }
+
+func TestAnAbsurdBatchSizeIsRefusedByItsOwnKeyNotByTheDefaultItFeeds(t *testing.T) {
+	yaml := "dataset: x.jsonl\noutput_dir: out\nserver:\n  kind: transformers\n  model_path: m\n  num_layers: 8\n  hidden_size: 64\n  layers: [1, 4, 7]\n  transformers:\n    max_batch_requests: 4611686018427387904\n"
+	_, err := Load(writeConfig(t, yaml), nil)
+	if err == nil || !strings.Contains(err.Error(), "server.transformers.max_batch_requests") || strings.Contains(err.Error(), "run.max_inflight") {
+		t.Fatalf("max_batch_requests 2^62: %v", err)
+	}
+}
