@@ -133,7 +133,7 @@ func (p *Pool) start(ctx context.Context) error {
 	return p.startErr
 }
 
-// Workers is the number of processes.
+// Workers is the number of worker processes (the zygote that forked them aside).
 func (p *Pool) Workers() int { return p.cfg.Workers }
 
 // Method is the mask method the workers use (tags or prefix), once started.
@@ -237,8 +237,9 @@ func (p *Pool) Identity() (string, string) { return p.tokDigest, p.tmplHash }
 // VocabSize is the model config's vocab_size, else (once started) the tokenizer's length.
 func (p *Pool) VocabSize() int { return p.vocab }
 
-// Close ends every worker: stdin closed (it exits at EOF), killed if it has not after
-// a moment. A pool never started starts none.
+// Close ends every worker: its request pipe closed (it exits at EOF), and the whole
+// process group killed if the zygote has not exited after exitGrace. A pool never
+// started starts none.
 func (p *Pool) Close() error {
 	p.once.Do(func() { p.startErr = errors.New("the prepare pool is closed") })
 	p.stopAll()

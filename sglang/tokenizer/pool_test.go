@@ -201,10 +201,12 @@ func TestWorkerStartFailsWithTheWorkersReason(t *testing.T) {
 	}
 }
 
-// The variables the worker hands itself when it re-executes are not taken from extract's
-// environment: a stale config there would replace the real one.
+// The variables the worker hands itself when it re-executes are taken neither from
+// extract's environment nor from server.env: a stale config there would replace the
+// real one.
 func TestAStaleReexecConfigInTheEnvironmentIsIgnored(t *testing.T) {
-	p := startN(t, 2, `PREPARE_WORKER_HELLO={"tokenizer": "/nonexistent", "worker_fds": [[3, 4]]}`, "PREPARE_WORKER_WITH_TORCH=1")
+	t.Setenv("PREPARE_WORKER_HELLO", `{"tokenizer": "/nonexistent", "worker_fds": [[3, 4]]}`)
+	p := startN(t, 2, "PREPARE_WORKER_WITH_TORCH=1")
 	if h, _ := p.ready.Timings["torch_hidden"].(bool); !h {
 		t.Fatalf("torch was not hidden: %v", p.ready.Timings)
 	}

@@ -169,11 +169,11 @@ func (p *Pool) startAll(ctx context.Context) error {
 	boot := &proc{index: -1, out: bufio.NewReader(readyR), z: z}
 	r, err := boot.hello(ctx, helloW, hello)
 	if err == nil && (len(r.PIDs) != cfg.Workers) {
-		err = fmt.Errorf("the worker answered out of protocol (%d worker pids for %d workers)", len(r.PIDs), cfg.Workers)
+		err = fmt.Errorf("the worker answered out of protocol (%d worker pids for %d workers)%s", len(r.PIDs), cfg.Workers, z.stderr.suffix())
 	}
 	if err != nil {
 		p.stopAll()
-		return fmt.Errorf("prepare worker (%s %s, tokenizer %s): %w%s", cfg.Python, path, cfg.Tokenizer, err, z.stderr.suffix())
+		return fmt.Errorf("prepare worker (%s %s, tokenizer %s): %w", cfg.Python, path, cfg.Tokenizer, err)
 	}
 	for i, pr := range p.procs {
 		pr.pid = r.PIDs[i]
@@ -195,14 +195,15 @@ func (pr *proc) hello(ctx context.Context, stdin io.Writer, hello []byte) (Ready
 	if _, err := stdin.Write(append(hello, '\n')); err != nil {
 		return r, pr.failed(ctx, fmt.Errorf("write to the worker: %w", err))
 	}
+	// A broken pipe's error (failed) already ends with the workers' stderr; these say it too.
 	if err := pr.readLine(ctx, &r); err != nil {
 		return r, err
 	}
 	if r.Error != "" {
-		return r, errors.New(r.Error)
+		return r, fmt.Errorf("%s%s", r.Error, pr.z.stderr.suffix())
 	}
 	if !r.ReadyReported || r.Protocol != "1" {
-		return r, fmt.Errorf("the worker answered out of protocol (protocol %q)", r.Protocol)
+		return r, fmt.Errorf("the worker answered out of protocol (protocol %q)%s", r.Protocol, pr.z.stderr.suffix())
 	}
 	return r, nil
 }
@@ -386,8 +387,8 @@ func (t *tailBuffer) suffix() string {
 	if len(s) == 0 {
 		return ""
 	}
-	return "; its stderr ends:\n" + string(s)
+	return "; the workers' stderr ends:\n" + string(s)
 }
 
-// exitGrace is how long the workers have to exit once their stdin is closed.
+// exitGrace is how long the workers have to exit once their request pipes are closed.
 const exitGrace = 5 * time.Second

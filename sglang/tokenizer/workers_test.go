@@ -146,7 +146,8 @@ func TestACancelledCallEndsEveryWorker(t *testing.T) {
 func TestWorkersDieWithExtractEvenMidBatch(t *testing.T) {
 	needPython(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperPoolThatGetsKilled$", "-test.v")
-	cmd.Env = append(os.Environ(), "EXTRACT_TEST_POOL_HELPER=1")
+	started := filepath.Join(t.TempDir(), "encode-started")
+	cmd.Env = append(os.Environ(), "EXTRACT_TEST_POOL_HELPER=1", "FAKE_ENCODE_STARTED="+started)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +171,16 @@ func TestWorkersDieWithExtractEvenMidBatch(t *testing.T) {
 	if len(pids) != 3 {
 		t.Fatalf("the helper printed pids %v, want the zygote's and 2 workers'", pids)
 	}
-	time.Sleep(300 * time.Millisecond) // the helper's Encode is now in the worker's 60 s batch
+	// Killed only once the helper's Encode is inside the worker's 60 s batch: an idle
+	// worker would end at EOF without the prctl this pins.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(started); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the helper's Encode never reached the worker's batch")
+		}
+	}
 	for _, pid := range pids {
 		if !alive(pid) {
 			t.Fatalf("process %d ended before the helper was killed", pid)

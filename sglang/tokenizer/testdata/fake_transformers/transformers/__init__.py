@@ -10,7 +10,8 @@ Each UTF-8 byte b is token b+3 (the simulator's contract), a special token's tex
 id, a merge joins two characters into one token wherever they meet (so a render cut
 between them tokenizes differently: what the token-prefix method must catch).
 FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does;
-FAKE_ENCODE_SECONDS makes each encode call that long (a worker busy in a batch);
+FAKE_ENCODE_SECONDS makes each encode call that long (a worker busy in a batch), and
+FAKE_ENCODE_STARTED names a file it creates as that wait begins;
 FAKE_LOAD_LOG names a file that gets a line per from_pretrained (loads are counted), with
 whether torch was hidden; FAKE_NEEDS_TORCH fails a load with torch hidden, as a
 tokenizer's remote code that imports torch would.
@@ -71,6 +72,8 @@ class FakeTokenizer:
     def __call__(self, texts, add_special_tokens=False, return_offsets_mapping=False):
         assert add_special_tokens is False
         if os.environ.get("FAKE_ENCODE_SECONDS"):
+            if os.environ.get("FAKE_ENCODE_STARTED"):
+                open(os.environ["FAKE_ENCODE_STARTED"], "w").close()
             time.sleep(float(os.environ["FAKE_ENCODE_SECONDS"]))
         encs = [self._encode(t) for t in texts]
         out = {"input_ids": [e[0] for e in encs]}
