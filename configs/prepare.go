@@ -102,8 +102,10 @@ func (c *Config) checkPrepare() []error {
 	if p.MinLossTokens < 1 || p.MinLossTokens > 1<<24 {
 		bad("prepare.min_loss_tokens", "must be at least 1 (a sample with no loss token teaches nothing), got %d", p.MinLossTokens)
 	}
-	if p.Workers < 0 || p.Workers > 1024 {
-		bad("prepare.workers", "must be 0 (one per core) .. 1024, got %d", p.Workers)
+	// 480: sglang/tokenizer.MaxWorkers, what one zygote forks within a child's default
+	// descriptor limit (orchestrator/prepare's test holds the two equal).
+	if p.Workers < 0 || p.Workers > 480 {
+		bad("prepare.workers", "must be 0 (one per core, at most 480) .. 480, got %d", p.Workers)
 	}
 	if p.Batch < 1 || p.Batch > 65536 {
 		bad("prepare.batch", "must be 1..65536, got %d", p.Batch)

@@ -57,11 +57,14 @@ func OptionsFrom(cfg *configs.Config, from, dir string, log *slog.Logger) (Optio
 // workDir receives the worker file.
 func NewTokenizer(cfg *configs.Config, workDir string, log *slog.Logger) (Tokenizer, error) {
 	workers := cfg.Prepare.Workers
-	if workers == 0 {
-		workers = runtime.NumCPU()
-	}
 	if cfg.Server.Kind == "simulator" {
+		if workers == 0 {
+			workers = runtime.NumCPU()
+		}
 		return Simulator{EndOfTurn: cfg.Prepare.EndOfTurn == "include", N: workers}, nil
+	}
+	if workers == 0 {
+		workers = workersPerCore(runtime.NumCPU())
 	}
 	var env []string
 	for k, v := range cfg.Server.Env {
@@ -109,3 +112,7 @@ func TargetVocabSize(cfg *configs.Config) (int, error) {
 	}
 	return v, nil
 }
+
+// workersPerCore is prepare.workers 0: one tokenizer worker a core, up to the most one
+// pool forks (a 768-thread host would otherwise fail to start them).
+func workersPerCore(cpus int) int { return min(cpus, tokenizer.MaxWorkers) }

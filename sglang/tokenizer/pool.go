@@ -103,6 +103,9 @@ func New(cfg Config) (*Pool, error) {
 		cfg.Log = slog.Default()
 	}
 	cfg.Workers = max(cfg.Workers, 1)
+	if cfg.Workers > MaxWorkers {
+		return nil, fmt.Errorf("prepare.workers %d: at most %d tokenizer workers: each holds two pipes in the process that forks them, %d descriptors open while it starts, and a child starts with a soft limit of 1024 (ulimit -n); lower prepare.workers", cfg.Workers, MaxWorkers, 2*cfg.Workers+3)
+	}
 	tokDigest, tmplHash, err := Identity(cfg.Tokenizer, cfg.TemplateFile)
 	if err != nil {
 		return nil, err
@@ -132,6 +135,12 @@ func (p *Pool) start(ctx context.Context) error {
 	p.once.Do(func() { p.startErr = p.startAll(ctx) })
 	return p.startErr
 }
+
+// MaxWorkers is the most workers one pool forks. The zygote starts with two pipes a
+// worker and three more open (2N+3 descriptors) before its interpreter loads; at a soft
+// limit of 1024, which Go gives its children back, 500 started and 520 failed in the
+// loader ("Error 24").
+const MaxWorkers = 480
 
 // Workers is the number of worker processes (the zygote that forked them aside).
 func (p *Pool) Workers() int { return p.cfg.Workers }

@@ -245,3 +245,16 @@ func TestTemplateKwargsReachTheTemplate(t *testing.T) {
 		t.Fatalf("ids %v mask %v\nwant %v %v", res[0].Enc.IDs, res[0].Enc.Mask, want.IDs, want.Mask)
 	}
 }
+
+// Past MaxWorkers the zygote would start with more descriptors than a child's default
+// soft limit leaves its loader: refused up front, with what to lower.
+func TestMoreWorkersThanOnePoolForksAreRefusedByName(t *testing.T) {
+	dir := tokDir(t, chatML, nil)
+	if _, err := New(Config{Tokenizer: dir, Workers: MaxWorkers}); err != nil {
+		t.Fatalf("%d workers: %v", MaxWorkers, err)
+	}
+	_, err := New(Config{Tokenizer: dir, Workers: MaxWorkers + 1})
+	if err == nil || !strings.Contains(err.Error(), "prepare.workers 481") || !strings.Contains(err.Error(), "ulimit -n") {
+		t.Fatalf("%d workers: %v", MaxWorkers+1, err)
+	}
+}
