@@ -226,7 +226,8 @@ func TestCloseEndsTheWorkersWithoutTheirTeardown(t *testing.T) {
 }
 
 // The tokenizer loads with torch hidden from transformers (importing it was 13 of a 14 s
-// start on the device); one whose load fails without torch loads again with it.
+// start on the device); one whose load, or first encode, fails without torch loads
+// again with it.
 func TestTheTokenizerLoadsWithTorchHiddenAndAgainWithItWhereItFails(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -236,6 +237,7 @@ func TestTheTokenizerLoadsWithTorchHiddenAndAgainWithItWhereItFails(t *testing.T
 	}{
 		{"hidden", nil, "torch_hidden=True\n", true},
 		{"needs torch", []string{"FAKE_NEEDS_TORCH=1"}, "torch_hidden=True\ntorch_hidden=False\n", false},
+		{"needs torch to encode", []string{"FAKE_NEEDS_TORCH_TO_ENCODE=1"}, "torch_hidden=True\ntorch_hidden=False\n", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			loads := filepath.Join(t.TempDir(), "loads")

@@ -352,6 +352,13 @@ class Worker:
             raise Refused("empty_mask", "the generation tags cover no token")
         return {"ids": ids, "mask": mask, "spans": spans}
 
+    def exercise(self):
+        """One encode and one decode before the workers fork: a tokenizer whose code
+        imports torch only when it runs fails here, where the load can still be retried
+        with torch, not in every worker's first batch."""
+        ids, _ = self.encode_texts(["a"], True)
+        self.tok.decode(ids[0])
+
     def pieces(self, ids):
         return [self.tok.decode([i]) for i in ids]
 
@@ -519,6 +526,7 @@ def main():
     try:
         cfg = json.loads(hello)
         worker = Worker(cfg)
+        worker.exercise()
     except Exception as e:
         if hide_torch and import_failed(e):
             log_line(f"extract-prepare: the tokenizer did not load with torch hidden ({type(e).__name__}: {e}); loading it again with torch")

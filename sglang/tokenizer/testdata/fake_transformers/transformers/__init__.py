@@ -10,11 +10,13 @@ Each UTF-8 byte b is token b+3 (the simulator's contract), a special token's tex
 id, a merge joins two characters into one token wherever they meet (so a render cut
 between them tokenizes differently: what the token-prefix method must catch).
 FAKE_EXIT_SECONDS delays the interpreter's exit, as real transformers' shutdown does;
-FAKE_ENCODE_SECONDS makes each encode call that long (a worker busy in a batch), and
+FAKE_ENCODE_SECONDS makes each encode call in a forked worker that long (a worker busy
+in a batch; the loading process's own check encode is not delayed), and
 FAKE_ENCODE_STARTED names a file it creates as that wait begins;
 FAKE_LOAD_LOG names a file that gets a line per from_pretrained (loads are counted), with
 whether torch was hidden; FAKE_NEEDS_TORCH fails a load with torch hidden, as a
-tokenizer's remote code that imports torch would.
+tokenizer's remote code that imports torch would, and FAKE_NEEDS_TORCH_TO_ENCODE fails
+every encode with torch hidden (remote code that imports it only when it runs).
 """
 
 import atexit
@@ -31,6 +33,7 @@ class FakeTokenizer:
     is_fast = True
 
     def __init__(self, spec):
+        self.loaded_by = os.getpid()
         self.chat_template = spec["chat_template"]
         self.specials = spec.get("specials") or {}
         self.merges = spec.get("merges") or {}
@@ -71,7 +74,9 @@ class FakeTokenizer:
 
     def __call__(self, texts, add_special_tokens=False, return_offsets_mapping=False):
         assert add_special_tokens is False
-        if os.environ.get("FAKE_ENCODE_SECONDS"):
+        if os.environ.get("FAKE_NEEDS_TORCH_TO_ENCODE") and sys.modules.get("torch", 0) is None:
+            raise ImportError("No module named 'torch' (this tokenizer's encode imports it)")
+        if os.environ.get("FAKE_ENCODE_SECONDS") and os.getpid() != self.loaded_by:
             if os.environ.get("FAKE_ENCODE_STARTED"):
                 open(os.environ["FAKE_ENCODE_STARTED"], "w").close()
             time.sleep(float(os.environ["FAKE_ENCODE_SECONDS"]))
