@@ -43,7 +43,7 @@ func (sf *sampleFile) info() (OutputInfo, error) {
 	info := OutputInfo{
 		RID: md["rid"], DatasetFingerprint: md["dataset_fingerprint"], Bytes: sf.size,
 		ConfigFingerprint: md["config_fingerprint"], Layers: md["layers"], Model: md["model"],
-		Protocol: md["protocol"], HookVersion: md["hook_version"],
+		Protocol: md["protocol"], HookVersion: md["hook_version"], SourceID: md["source_id"],
 	}
 	var err error
 	if info.Sample, err = strconv.Atoi(md["sample"]); err != nil || info.Sample < 0 {

@@ -31,6 +31,8 @@ type OutputInfo struct {
 	HiddenSize        int
 	// Protocol and HookVersion are the dump's: the protocol the hook spoke and its version.
 	Protocol, HookVersion string
+	// SourceID is the sample's id in the data it came from, where the file names one.
+	SourceID string
 }
 
 // ReadOutput reads and checks an output's header and metadata; deep also recomputes
@@ -433,7 +435,7 @@ func adoptable(ctx context.Context, path string, s, total int, done map[int]Reco
 	}
 	return Record{
 		Sample: s, State: StateDone, Attempt: attemptOf(info.RID), RID: info.RID,
-		Bytes: info.Bytes, CRC32C: info.CRC32C, Tokens: info.Tokens,
+		Bytes: info.Bytes, CRC32C: info.CRC32C, Tokens: info.Tokens, SourceID: info.SourceID,
 	}, "", nil
 }
 

@@ -160,6 +160,26 @@ func TestVerifyRepairAdoptsAValidOrphan(t *testing.T) {
 	}
 }
 
+// A rebuild reads the sample's source id back from its file, so that status
+// --source-id still finds what was done before the index was lost.
+func TestVerifyRepairAdoptsAnOrphansSourceIDFromItsFile(t *testing.T) {
+	j := newJob(t)
+	want := expectFor(7, 5)
+	want.SourceID = "conv-ü-7"
+	if _, err := j.m.moveFile(context.Background(), writeDump(t, j.shm, dumpSpec{sample: 7}), want); err != nil {
+		t.Fatal(err)
+	}
+	if rep := j.verify(t, VerifyOptions{Repair: true}); rep.Repaired != 1 {
+		t.Fatalf("repair report %+v", rep)
+	}
+	if r := mustGet(t, j.ix, 7); r.State != StateDone || r.SourceID != "conv-ü-7" {
+		t.Fatalf("adopted record %+v", r)
+	}
+	if got, err := j.ix.WithSourceID("conv-ü-7"); err != nil || len(got) != 1 || got[0].Sample != 7 {
+		t.Fatalf("WithSourceID after the rebuild: %+v, %v", got, err)
+	}
+}
+
 func TestVerifyRepairRebuildsTheIndexFromTheFilesAlone(t *testing.T) {
 	j := newJob(t)
 	want := mustCounters(t, j.ix)

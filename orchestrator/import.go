@@ -173,6 +173,7 @@ func Import(ctx context.Context, cfg *configs.Config, opt ImportOptions) (Import
 		if err := ix.CommitDone(checkpoint.Record{
 			Sample: f.Sample, State: checkpoint.StateDone, Attempt: attemptOf(res.RID), RID: res.RID,
 			Bytes: res.Bytes, CRC32C: res.CRC32C, Tokens: res.Tokens, Updated: time.Now().UTC(), Imported: true,
+			SourceID: s.SourceID,
 		}); err != nil {
 			return rep, fmt.Errorf("index sample %d: %w", f.Sample, err)
 		}
