@@ -45,10 +45,15 @@ type SampleQuery struct {
 // a run holds the lock (it has the index open), else from the index read-only. An
 // unknown source id, or a sample outside the job, is ErrRefused.
 func QuerySamples(ctx context.Context, cfg *configs.Config, q SampleQuery) ([]SampleStatus, error) {
-	if h, held := LockHolder(cfg.StateDir); held && h.IsRun() {
+	h, held := LockHolder(cfg.StateDir)
+	if held && h.IsRun() {
 		return querySamplesLive(ctx, cfg.StateDir, q, h.PID)
 	}
 	ix, _, err := openIndexToQuery(cfg)
+	if errors.Is(err, checkpoint.ErrLocked) && held {
+		// verify --repair or import writes it: ask again once it ends (exit 75).
+		return nil, fmt.Errorf("%w: %s holds the index: %v", ErrTemporary, h, err)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/extract-dev/extract/checkpoint"
+	"github.com/extract-dev/extract/configs"
 	"github.com/extract-dev/extract/internal/atomicfile"
 )
 
@@ -116,5 +117,27 @@ func TestSampleStatusTrustsOnlyTheRunningJobsOwnEndpoint(t *testing.T) {
 		if !errors.Is(err, ErrTemporary) || errors.Is(err, ErrRefused) {
 			t.Fatalf("%s: %v, want ErrTemporary", tc.name, err)
 		}
+	}
+}
+
+// While import or verify --repair writes the index, a query is worth a retry (75) that
+// names who holds it, not a failure (1).
+func TestSampleStatusWhileAnotherCommandWritesTheIndexIsTemporary(t *testing.T) {
+	state := t.TempDir()
+	lock, err := AcquireLock(state, "import")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Release()
+	ix, err := checkpoint.Open(filepath.Join(state, "index.db"), checkpoint.OpenOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ix.Close()
+	cfg := configs.Default()
+	cfg.StateDir = state
+	_, err = QuerySamples(context.Background(), &cfg, SampleQuery{Sample: 0})
+	if !errors.Is(err, ErrTemporary) || !strings.Contains(err.Error(), "import") {
+		t.Fatalf("query while import holds the index: %v, want ErrTemporary naming import", err)
 	}
 }

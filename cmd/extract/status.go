@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"time"
 
@@ -75,7 +76,7 @@ func runStatusSamples(cmd *cobra.Command, cf *configFlags, q orchestrator.Sample
 		}
 		src := "no source id"
 		if s.SourceID != "" {
-			src = "source id " + s.SourceID
+			src = "source id " + shown(s.SourceID)
 		}
 		from := "the index"
 		if s.Source == "live" {
@@ -95,7 +96,7 @@ func runStatusSamples(cmd *cobra.Command, cf *configFlags, q orchestrator.Sample
 			fmt.Fprintf(out, "file:      %s (%s, %d tokens, crc32c %s%s)\n", s.File, configs.ByteSize(s.Bytes), s.Tokens, s.CRC32C, imported)
 		}
 		if s.Error != "" {
-			fmt.Fprintf(out, "error:     %s\n", s.Error)
+			fmt.Fprintf(out, "error:     %s\n", shown(s.Error))
 		}
 		if s.Updated != nil {
 			fmt.Fprintf(out, "updated:   %s\n", s.Updated.Format(time.RFC3339))
@@ -176,4 +177,15 @@ func printStatus(w io.Writer, st orchestrator.Status) {
 		fmt.Fprintln(w, generateLine(*st.Generate))
 	}
 	fmt.Fprintf(w, "output:    %s\n", st.OutputDir)
+}
+
+// shown is text from the dataset or a dump as a terminal may print it: quoted where it
+// holds a newline, an escape or another unprintable rune, which would forge a line.
+func shown(s string) string {
+	for _, r := range s {
+		if !strconv.IsPrint(r) {
+			return strconv.Quote(s)
+		}
+	}
+	return s
 }
