@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
@@ -38,11 +39,6 @@ func acquireStageLock(cfg *configs.Config) (*Lock, error) {
 	return lock, err
 }
 
-// runDataset is the dataset the run reads: the configured one, or, for a conversation
-// file, its prepared form in state_dir/prepare, made (or resumed) here first, under the
-// run lock and before any GPU time. A prepare dir made from other inputs is refused
-// naming what changed once the index has progress; without progress (or with --fresh)
-// it is prepared again.
 // extractedDataset is the file a run extracts, without making it: the dataset, the
 // prepared file for a conversation dataset, the generated one with generate.enabled.
 // verify, import and vocab read the samples from it as the run did.
@@ -60,17 +56,26 @@ func extractedDataset(cfg *configs.Config) (string, error) {
 	return cfg.Dataset, nil
 }
 
-// openExtractedDataset opens extractedDataset.
+// openExtractedDataset opens extractedDataset; one that a run has not made yet is
+// ErrRefused saying so, not a missing file the config never named.
 func openExtractedDataset(ctx context.Context, cfg *configs.Config) (*dataset.Dataset, error) {
 	path, err := extractedDataset(cfg)
 	if err != nil {
 		return nil, err
+	}
+	if _, err := os.Stat(path); path != cfg.Dataset && errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: no %s yet: `extract run` (or `extract prepare`) makes it from %s first", ErrRefused, path, cfg.Dataset)
 	}
 	dsCfg := *cfg
 	dsCfg.Dataset = path
 	return dataset.OpenJob(ctx, &dsCfg)
 }
 
+// runDataset is the dataset the run reads: the configured one, or, for a conversation
+// file, its prepared form in state_dir/prepare, made (or resumed) here first, under the
+// run lock and before any GPU time. A prepare dir made from other inputs is refused
+// naming what changed once the index has progress; without progress (or with --fresh)
+// it is prepared again.
 func runDataset(ctx context.Context, cfg *configs.Config, opt RunOptions) (string, error) {
 	if cfg.Generate.Enabled {
 		return runGenerate(ctx, cfg, opt) // generate_job.go

@@ -109,11 +109,7 @@ func Vocab(ctx context.Context, cfg *configs.Config) (VocabReport, error) {
 		return VocabReport{}, err
 	}
 	defer lock.Release()
-	dsPath, err := extractedDataset(cfg)
-	if err != nil {
-		return VocabReport{}, err
-	}
-	ds, err := dataset.Open(dsPath)
+	ds, err := openExtractedDataset(ctx, cfg)
 	if err != nil {
 		return VocabReport{}, err
 	}
@@ -128,7 +124,7 @@ func Vocab(ctx context.Context, cfg *configs.Config) (VocabReport, error) {
 		return VocabReport{}, err
 	}
 	if !ok || meta.DatasetFingerprint != ds.Fingerprint {
-		return VocabReport{}, fmt.Errorf("%w: the index at %s is not of the dataset %s", ErrRefused, path, dsPath)
+		return VocabReport{}, fmt.Errorf("%w: the index at %s is not of the dataset %s", ErrRefused, path, ds.Path)
 	}
 	if err := ctx.Err(); err != nil {
 		return VocabReport{}, err
