@@ -2,8 +2,8 @@
 // writes it, and verifies the outputs against the index so a crashed job resumes losing nothing.
 //
 // The index is the single source of truth for which samples are done. A sample is
-// committed done only after Mover.Move has returned, that is after its output file and
-// the directory entry naming it are durable; each output file also carries its own
+// committed done only once its output file and the directory entry naming it are
+// durable (Staged.CommitTo holds that order for the run and the fault tests); each output file also carries its own
 // sample, rid, dataset and config fingerprints and crc32c, so Verify can check the index
 // against the disk and rebuild it from the files alone.
 //
@@ -58,6 +58,12 @@
 // an older build reads it as done with an odd rid. Its file may be another tool's,
 // without extract's metadata: Verify then checks it against the record (tokens, and deep,
 // the crc32c import computed).
+//
+// A record's source id (the sample's id in the data it came from) is an optional field
+// after the error, also without a version bump: a record without one has exactly the
+// old layout, and an older build decodes a record with one by stopping after the error.
+// An older build that rewrites such a record (a retry, MarkFailed) drops the id; a
+// later verify --repair reads it back from the output file's source_id.
 //
 // # Output formats
 //
