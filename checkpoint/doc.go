@@ -63,7 +63,7 @@
 // after the error, also without a version bump: a record without one has exactly the
 // old layout, and an older build decodes a record with one by stopping after the error.
 // An older build that rewrites such a record (a retry, MarkFailed) drops the id; a
-// later verify --repair reads it back from the output file's source_id.
+// rebuild of a lost index (verify --repair) reads it back from the file's source_id.
 //
 // # Output formats
 //
