@@ -205,7 +205,8 @@ func describeProcess(gp *GPUProcess) {
 	if _, err := os.Stat(fmt.Sprintf("/proc/%d", gp.PID)); err != nil {
 		return
 	}
-	if st, err := readStat(gp.PID); err == nil && st.dead() {
+	// A leader whose threads still run shows Z as well: it still holds the GPU.
+	if st, err := readStat(gp.PID); err == nil && st.dead() && st.threads <= 1 {
 		// No command line, unit or open files are left to read: nothing to say but that.
 		gp.Exited, gp.Parent = true, st.ppid
 		return

@@ -280,3 +280,38 @@ func TestHookFilesShipTheVersionThePythonSideWrites(t *testing.T) {
 		t.Errorf("HookVersion() = %q; the hook says %q", got, want)
 	}
 }
+
+// A process whose main thread has exited while its other threads run shows state Z in
+// /proc/<pid>/stat, as an exited one does, but still holds what it opened: doctor must
+// not wait it out as exited. The other kind is a real zombie: a child never reaped.
+func TestAGroupLeaderThatExitedBeforeItsThreadsIsNotTakenForExited(t *testing.T) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3: the test makes a leader exit before its thread with it")
+	}
+	leader := startHolder(t, exec.Command(py, "-c",
+		"import ctypes, threading, time; threading.Thread(target=time.sleep, args=(60,)).start(); ctypes.CDLL(None).pthread_exit(None)"))
+	waitFor(t, 10*time.Second, "the leader's main thread exits", func() bool {
+		st, err := readStat(leader)
+		return err == nil && st.dead()
+	})
+	gp := GPUProcess{PID: leader}
+	describeProcess(&gp)
+	if gp.Exited {
+		t.Fatalf("pid %d with a live thread described as exited", leader)
+	}
+	zombie := exec.Command("true")
+	if err := zombie.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer zombie.Wait()
+	waitFor(t, 10*time.Second, "the child exits unreaped", func() bool {
+		st, err := readStat(zombie.Process.Pid)
+		return err == nil && st.dead()
+	})
+	gz := GPUProcess{PID: zombie.Process.Pid}
+	describeProcess(&gz)
+	if !gz.Exited || gz.Parent != os.Getpid() {
+		t.Fatalf("an unreaped child described as %+v", gz)
+	}
+}

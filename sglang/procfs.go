@@ -15,6 +15,7 @@ type procStat struct {
 	state     byte
 	ppid      int
 	pgid      int
+	threads   int    // the thread group's: a leader that exited before its threads is Z too
 	startTime uint64 // clock ticks after boot; with the boot id, unique for a pid
 }
 
@@ -42,11 +43,15 @@ func readStat(pid int) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("/proc/%d/stat pgrp: %w", pid, err)
 	}
+	threads, err := strconv.Atoi(f[17])
+	if err != nil {
+		return procStat{}, fmt.Errorf("/proc/%d/stat num_threads: %w", pid, err)
+	}
 	start, err := strconv.ParseUint(f[19], 10, 64)
 	if err != nil {
 		return procStat{}, fmt.Errorf("/proc/%d/stat starttime: %w", pid, err)
 	}
-	return procStat{state: f[0][0], ppid: ppid, pgid: pgid, startTime: start}, nil
+	return procStat{state: f[0][0], ppid: ppid, pgid: pgid, threads: threads, startTime: start}, nil
 }
 
 // ProcessStartTime is pid's start time from /proc/<pid>/stat (field 22, clock ticks after
