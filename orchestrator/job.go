@@ -180,13 +180,15 @@ func (j *job) run(ctx context.Context) (Result, error) {
 	}
 	j.status = status
 	defer status.close()
+	// /sample answers before run.json names the address: a query in between would
+	// otherwise get the mux's plain 404, "an older extract".
+	serveSamples(status, j.ix, outputLayout(j.cfg))
 	host, _ := os.Hostname()
 	ri, _ := json.Marshal(runInfo{PID: os.Getpid(), Host: host, StatusAddr: status.addr, StartedAt: j.started.UTC()})
 	if err := atomicfile.WriteFile(runInfoPath(j.cfg.StateDir), ri, 0o644); err != nil {
 		return res, err
 	}
 	j.log.Info("status endpoint", "addr", "http://"+status.addr+"/status")
-	serveSamples(status, j.ix, outputLayout(j.cfg))
 	j.openHistory()
 	defer j.closeHistory()
 
