@@ -64,7 +64,11 @@ func openExtractedDataset(ctx context.Context, cfg *configs.Config) (*dataset.Da
 		return nil, err
 	}
 	if _, err := os.Stat(path); path != cfg.Dataset && errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("%w: no %s yet: `extract run` (or `extract prepare`) makes it from %s first", ErrRefused, path, cfg.Dataset)
+		by := "`extract run` (or `extract prepare`)"
+		if cfg.Generate.Enabled {
+			by = "`extract run` (its generate stage)"
+		}
+		return nil, fmt.Errorf("%w: no %s yet: %s makes it from %s first", ErrRefused, path, by, cfg.Dataset)
 	}
 	dsCfg := *cfg
 	dsCfg.Dataset = path
